@@ -1,0 +1,95 @@
+"""asyncstate: asynchronous keyed state for Python, in the style of Flink 2.0.
+
+State calls return futures; a controller keeps each key's records in arrival order while
+the state requests of many keys go to the backend together in batches.
+"""
+
+from asyncstate.backends.heap import HeapBackend as HeapBackend
+from asyncstate.backends.remote import SimulatedRemoteBackend as SimulatedRemoteBackend
+from asyncstate.clock import ManualClock as ManualClock
+from asyncstate.config import AsyncStateConfig as AsyncStateConfig
+from asyncstate.errors import AsyncStateError as AsyncStateError
+from asyncstate.errors import BackendError as BackendError
+from asyncstate.errors import CheckpointError as CheckpointError
+from asyncstate.errors import ConfigError as ConfigError
+from asyncstate.errors import InjectedFailure as InjectedFailure
+from asyncstate.errors import InvalidStateError as InvalidStateError
+from asyncstate.errors import KeyGroupError as KeyGroupError
+from asyncstate.errors import SerializationError as SerializationError
+from asyncstate.function import KeyedProcessFunction as KeyedProcessFunction
+from asyncstate.function import RuntimeContext as RuntimeContext
+from asyncstate.function import TimeDomain as TimeDomain
+from asyncstate.keygroups import KeyGroupRange as KeyGroupRange
+from asyncstate.keygroups import assign_to_key_group as assign_to_key_group
+from asyncstate.keygroups import (
+    compute_key_group_range_for_operator_index as compute_key_group_range_for_operator_index,
+)
+from asyncstate.keygroups import (
+    compute_operator_index_for_key_group as compute_operator_index_for_key_group,
+)
+from asyncstate.operator import KeyedOperator as KeyedOperator
+from asyncstate.operator import run as run
+from asyncstate.runtime.context import RecordContext as RecordContext
+from asyncstate.runtime.controller import AsyncExecutionController as AsyncExecutionController
+from asyncstate.runtime.future import StateFuture as StateFuture
+from asyncstate.runtime.future import combine_all as combine_all
+from asyncstate.runtime.future import completed_future as completed_future
+from asyncstate.runtime.future import completed_void_future as completed_void_future
+from asyncstate.runtime.requests import StateRequestType as StateRequestType
+from asyncstate.state.descriptors import AggregateFunction as AggregateFunction
+from asyncstate.state.descriptors import AggregatingStateDescriptor as AggregatingStateDescriptor
+from asyncstate.state.descriptors import ListStateDescriptor as ListStateDescriptor
+from asyncstate.state.descriptors import MapStateDescriptor as MapStateDescriptor
+from asyncstate.state.descriptors import ReducingStateDescriptor as ReducingStateDescriptor
+from asyncstate.state.descriptors import ValueStateDescriptor as ValueStateDescriptor
+from asyncstate.state.iterator import StateIterator as StateIterator
+from asyncstate.state.list import ListState as ListState
+from asyncstate.state.map import MapState as MapState
+from asyncstate.state.merging import AggregatingState as AggregatingState
+from asyncstate.state.merging import ReducingState as ReducingState
+from asyncstate.state.value import ValueState as ValueState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
+    "AsyncExecutionController",
+    "AsyncStateConfig",
+    "AsyncStateError",
+    "BackendError",
+    "CheckpointError",
+    "ConfigError",
+    "HeapBackend",
+    "InjectedFailure",
+    "InvalidStateError",
+    "KeyGroupError",
+    "KeyGroupRange",
+    "KeyedOperator",
+    "KeyedProcessFunction",
+    "ListState",
+    "ListStateDescriptor",
+    "ManualClock",
+    "MapState",
+    "MapStateDescriptor",
+    "RecordContext",
+    "ReducingState",
+    "ReducingStateDescriptor",
+    "RuntimeContext",
+    "SerializationError",
+    "SimulatedRemoteBackend",
+    "StateFuture",
+    "StateIterator",
+    "StateRequestType",
+    "TimeDomain",
+    "ValueState",
+    "ValueStateDescriptor",
+    "assign_to_key_group",
+    "combine_all",
+    "completed_future",
+    "completed_void_future",
+    "compute_key_group_range_for_operator_index",
+    "compute_operator_index_for_key_group",
+    "run",
+]

@@ -1,0 +1,358 @@
+"""HeapBackend: keyed state in Python dicts, completing requests at issue time."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import mmh3
+import msgpack
+
+from asyncstate.backends.base import ExecutorBinding
+from asyncstate.errors import InvalidStateError, KeyGroupError
+from asyncstate.keygroups import KeyGroupRange
+from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
+from asyncstate.serde import Packed, decode_key, from_stored
+
+if TYPE_CHECKING:
+    from asyncstate.state.base import InternalState
+
+__all__ = ["HeapBackend"]
+
+_T = StateRequestType
+Table = dict[tuple[bytes, bytes], Any]
+SnapshotEntry = tuple[str, bytes, bytes, Any]
+"""(state name, key bytes, namespace bytes, data); data per kind: value bytes (value,
+reducing, aggregating), a list of element bytes (list), a list of (user key bytes, value
+bytes) pairs (map)."""
+
+_hash32 = mmh3.hash  # keygroups.key_group_of_bytes, inlined in the snapshot loop
+_state_name = operator.itemgetter(0)
+_unpackb = msgpack.unpackb
+# First bytes of msgpack containers and ext types: values kept packed on restore (as
+# `to_stored` would have); everything else is a scalar, decoded once at restore.
+_PACKED_FIRST_BYTES = frozenset(
+    [*range(0x80, 0xA0), 0xC7, 0xC8, 0xC9, *range(0xD4, 0xD9), *range(0xDC, 0xE0)])
+
+
+def _from_bytes(data: bytes) -> Any:
+    if data[0] in _PACKED_FIRST_BYTES:
+        return Packed(data)
+    return _unpackb(data)
+
+
+def _entry(item: tuple[bytes, Any]) -> tuple[Any, Any]:
+    return (decode_key(item[0]), from_stored(item[1]))
+
+
+def _key(item: tuple[bytes, Any]) -> Any:
+    return decode_key(item[0])
+
+
+def _value(item: tuple[bytes, Any]) -> Any:
+    return from_stored(item[1])
+
+
+_ITEM_DECODERS: dict[StateRequestType, Callable[[Any], Any]] = {
+    _T.LIST_GET: from_stored,
+    _T.MAP_ITER: _entry,
+    _T.MAP_ITER_KEY: _key,
+    _T.MAP_ITER_VALUE: _value,
+}
+
+
+class HeapBackend:
+    """Keyed state in memory.
+
+    Tables map ``(key bytes, namespace bytes)`` to a stored value, a list of stored values
+    (list state) or a dict from user-key bytes to stored values (map state). Having no I/O to
+    amortize, it completes every request when it is issued (`execute_one`); batches sent to
+    `execute_batch` (when it is wrapped by another executor) are applied in order and
+    delivered inline. Iteration reads a copy taken when the iteration starts.
+    """
+
+    completes_at_issue = True
+
+    def __init__(self) -> None:
+        self._tables: dict[str, Table] = {}
+        self._kinds: dict[str, StateKind] = {}
+        self._binding: ExecutorBinding | None = None
+        self._chunk = 1000
+        self._closed = False
+        ops: dict[StateRequestType, Callable[[Table, tuple[bytes, bytes], Any], Any]] = {
+            _T.CLEAR: self._clear,
+            _T.VALUE_GET: self._value_get,
+            _T.VALUE_UPDATE: self._value_update,
+            _T.LIST_GET: self._list_get,
+            _T.LIST_ADD: self._list_add,
+            _T.LIST_UPDATE: self._list_update,
+            _T.LIST_ADD_ALL: self._list_add_all,
+            _T.MAP_GET: self._map_get,
+            _T.MAP_CONTAINS: self._map_contains,
+            _T.MAP_PUT: self._map_put,
+            _T.MAP_PUT_ALL: self._map_put_all,
+            _T.MAP_ITER: self._map_entries,
+            _T.MAP_ITER_KEY: self._map_keys,
+            _T.MAP_ITER_VALUE: self._map_values,
+            _T.MAP_REMOVE: self._map_remove,
+            _T.MAP_IS_EMPTY: self._map_is_empty,
+            _T.REDUCING_GET: self._value_get,
+            _T.REDUCING_ADD: self._value_update,
+            _T.AGGREGATING_GET: self._value_get,
+            _T.AGGREGATING_ADD: self._value_update,
+        }
+        # Indexed by the int value of the request type: one list lookup per request.
+        self._ops: list[Callable[[Table, tuple[bytes, bytes], Any], Any] | None] = [
+            ops.get(t) for t in StateRequestType
+        ]
+
+    def __repr__(self) -> str:
+        return f"<HeapBackend states={sorted(self._tables)}>"
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def registered_states(self) -> dict[str, StateKind]:
+        """Every registered state and its kind."""
+        return dict(self._kinds)
+
+    def snapshot_key_group(self, key_group: int,
+                           max_parallelism: int | None = None) -> Iterator[SnapshotEntry]:
+        """The entries of one key group (a full pass over the tables: for many key groups
+        use `snapshot_key_groups`). `max_parallelism` defaults to the operator's."""
+        if max_parallelism is None:
+            if self._binding is None:
+                raise InvalidStateError("open() the backend or pass max_parallelism")
+            max_parallelism = self._binding.max_parallelism
+        groups = self._group(KeyGroupRange(key_group, key_group), max_parallelism,
+                             strict=False, packed=False)
+        return iter(groups.get(key_group, ()))
+
+    def snapshot_key_groups(self, key_groups: KeyGroupRange,
+                            max_parallelism: int) -> dict[int, tuple[int, bytes]]:
+        """Every entry, grouped by key group in one pass over the tables: for each non-empty
+        key group, ``(number of entries, the entries msgpack-encoded back to back)``.
+
+        Encoding while walking the tables (rather than per key group afterwards) keeps memory
+        access sequential, which makes it several times faster. The result is a copy: the
+        tables may change once this returns. Raises KeyGroupError when an entry lies outside
+        `key_groups` (it would be missing from the checkpoint).
+        """
+        groups = self._group(key_groups, max_parallelism, strict=True, packed=True)
+        return {kg: (len(chunks), b"".join(chunks)) for kg, chunks in groups.items()}
+
+    def _group(self, key_groups: KeyGroupRange, max_parallelism: int, *, strict: bool,
+               packed: bool) -> dict[int, list[Any]]:
+        start, n = key_groups.start, len(key_groups)
+        buckets: list[list[Any]] = [[] for _ in range(n)]
+        # A Packer per call: packers are not shared between threads.
+        packb = msgpack.Packer(use_bin_type=True).pack
+        hash32 = _hash32
+        for name in sorted(self._tables):
+            table = self._tables[name]
+            kind = self._kinds[name]
+            for (key_bytes, ns), stored in table.items():
+                i = hash32(key_bytes, 0, False) % max_parallelism - start
+                if not 0 <= i < n:
+                    if strict:
+                        raise KeyGroupError(
+                            f"HeapBackend holds state {name!r} of key group {i + start}, "
+                            f"outside the key groups {start}..{key_groups.end} being "
+                            "snapshotted", key_group=i + start)
+                    continue
+                if kind is StateKind.LIST:
+                    data: Any = [x if type(x) is Packed else packb(x) for x in stored]
+                elif kind is StateKind.MAP:
+                    data = [(uk, v if type(v) is Packed else packb(v))
+                            for uk, v in stored.items()]
+                else:  # value, reducing, aggregating: one stored value
+                    data = stored if type(stored) is Packed else packb(stored)
+                entry = (name, key_bytes, ns, data)
+                buckets[i].append(packb(entry) if packed else entry)
+        return {i + start: bucket for i, bucket in enumerate(buckets) if bucket}
+
+    def restore_key_group(self, key_group: int, entries: Iterable[Sequence[Any]]) -> None:
+        """Store snapshot entries (as produced by `snapshot_key_group`) of one key group,
+        replacing what the backend holds for those (state, key, namespace). Each state must
+        be registered first."""
+        unpackb, packed_first = _unpackb, _PACKED_FIRST_BYTES
+        for name, run in itertools.groupby(entries, _state_name):
+            kind = self._kinds.get(name)
+            if kind is None:
+                raise KeyError(f"state {name!r} is not registered in this HeapBackend")
+            table = self._tables[name]
+            if kind is StateKind.LIST:
+                for _, key_bytes, ns, data in run:
+                    table[(key_bytes, ns)] = [_from_bytes(x) for x in data]
+            elif kind is StateKind.MAP:
+                for _, key_bytes, ns, data in run:
+                    table[(key_bytes, ns)] = {uk: _from_bytes(v) for uk, v in data}
+            else:  # value, reducing, aggregating; _from_bytes inlined (hot loop)
+                for _, key_bytes, ns, data in run:
+                    table[(key_bytes, ns)] = (
+                        Packed(data) if data[0] in packed_first else unpackb(data))
+
+    # -- StateExecutor ---------------------------------------------------------------------
+
+    def open(self, binding: ExecutorBinding) -> None:
+        if self._binding is not None:
+            raise InvalidStateError(
+                "this HeapBackend is already bound to an operator; create one backend per operator")
+        self._binding = binding
+        self._chunk = binding.iterator_chunk_size
+
+    def register_state(self, name: str, kind: StateKind) -> Table:
+        known = self._kinds.get(name)
+        if known is None:
+            self._kinds[name] = kind
+            self._tables[name] = {}
+        elif known is not kind:
+            raise ValueError(
+                f"state {name!r} is already registered as {known.value} state, "
+                f"cannot register it again as {kind.value} state")
+        return self._tables[name]
+
+    def execute_one(self, state: InternalState, request_type: StateRequestType, payload: Any,
+                    key_bytes: bytes, namespace: bytes) -> Any:
+        if request_type is _T.ITERATOR_LOADING:
+            return self._next_chunk(payload)
+        op = self._ops[request_type]
+        if op is None:
+            raise ValueError(f"HeapBackend cannot execute {request_type.name}")
+        return op(state.handle, (key_bytes, namespace), payload)
+
+    def execute_batch(self, batch: list[StateRequest]) -> None:
+        assert self._binding is not None, "open() the backend first"
+        try:
+            execute = self.execute_one
+            results = [execute(r.state, r.request_type, r.payload,  # type: ignore[arg-type]
+                               r.context.key_bytes, r.namespace) for r in batch]
+        except Exception as exc:  # noqa: BLE001 - reported through deliver
+            self._binding.deliver(batch, None, exc)
+            return
+        self._binding.deliver(batch, results, None)
+
+    def fully_loaded(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- storage operations ----------------------------------------------------------------
+
+    @staticmethod
+    def _clear(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        table.pop(k, None)
+
+    @staticmethod
+    def _value_get(table: Table, k: tuple[bytes, bytes], payload: Any) -> Any:
+        return from_stored(table.get(k))
+
+    @staticmethod
+    def _value_update(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        if payload is None:
+            table.pop(k, None)
+        else:
+            table[k] = payload
+
+    def _chunk_of(self, request_type: StateRequestType, items: list[Any],
+                  offset: int) -> IteratorChunk:
+        end = offset + self._chunk
+        decode = _ITEM_DECODERS[request_type]
+        chunk = [decode(x) for x in items[offset:end]]
+        return IteratorChunk(chunk, (request_type, items, end) if end < len(items) else None)
+
+    def _next_chunk(self, payload: Any) -> IteratorChunk:
+        _original_type, continuation = payload
+        request_type, items, offset = continuation
+        return self._chunk_of(request_type, items, offset)
+
+    def _list_get(self, table: Table, k: tuple[bytes, bytes], payload: Any) -> IteratorChunk:
+        items = table.get(k)
+        if not items:
+            return IteratorChunk([], None)
+        if len(items) > self._chunk:
+            items = list(items)  # the iteration reads a copy
+        return self._chunk_of(_T.LIST_GET, items, 0)
+
+    @staticmethod
+    def _list_add(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        items = table.get(k)
+        if items is None:
+            table[k] = [payload]
+        else:
+            items.append(payload)
+
+    @staticmethod
+    def _list_update(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        if payload:
+            table[k] = list(payload)
+        else:
+            table.pop(k, None)
+
+    @staticmethod
+    def _list_add_all(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        if payload:
+            items = table.get(k)
+            if items is None:
+                table[k] = list(payload)
+            else:
+                items.extend(payload)
+
+    @staticmethod
+    def _map_get(table: Table, k: tuple[bytes, bytes], payload: Any) -> Any:
+        entries = table.get(k)
+        return None if entries is None else from_stored(entries.get(payload))
+
+    @staticmethod
+    def _map_contains(table: Table, k: tuple[bytes, bytes], payload: Any) -> bool:
+        entries = table.get(k)
+        return entries is not None and payload in entries
+
+    @staticmethod
+    def _map_put(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        user_key, value = payload
+        entries = table.get(k)
+        if value is None:
+            if entries is not None:
+                entries.pop(user_key, None)
+                if not entries:
+                    del table[k]
+        elif entries is None:
+            table[k] = {user_key: value}
+        else:
+            entries[user_key] = value
+
+    @staticmethod
+    def _map_put_all(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        for item in payload:
+            HeapBackend._map_put(table, k, item)
+
+    @staticmethod
+    def _map_remove(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:
+        entries = table.get(k)
+        if entries is not None:
+            entries.pop(payload, None)
+            if not entries:
+                del table[k]
+
+    @staticmethod
+    def _map_is_empty(table: Table, k: tuple[bytes, bytes], payload: Any) -> bool:
+        return not table.get(k)
+
+    def _map_iter(self, request_type: StateRequestType, table: Table,
+                  k: tuple[bytes, bytes]) -> IteratorChunk:
+        entries = table.get(k)
+        if not entries:
+            return IteratorChunk([], None)
+        return self._chunk_of(request_type, list(entries.items()), 0)
+
+    def _map_entries(self, table: Table, k: tuple[bytes, bytes], payload: Any) -> IteratorChunk:
+        return self._map_iter(_T.MAP_ITER, table, k)
+
+    def _map_keys(self, table: Table, k: tuple[bytes, bytes], payload: Any) -> IteratorChunk:
+        return self._map_iter(_T.MAP_ITER_KEY, table, k)
+
+    def _map_values(self, table: Table, k: tuple[bytes, bytes], payload: Any) -> IteratorChunk:
+        return self._map_iter(_T.MAP_ITER_VALUE, table, k)

@@ -1,0 +1,60 @@
+"""Configuration of the asynchronous execution: one frozen, validated object."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from asyncstate.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_BUFFER_TIMEOUT_MS",
+    "DEFAULT_ITERATOR_CHUNK_SIZE",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_MAX_PARALLELISM",
+    "MAX_MAX_PARALLELISM",
+    "AsyncStateConfig",
+]
+
+DEFAULT_BATCH_SIZE = 1000
+DEFAULT_BUFFER_TIMEOUT_MS = 1000
+DEFAULT_MAX_IN_FLIGHT = 6000
+DEFAULT_MAX_PARALLELISM = 128
+DEFAULT_ITERATOR_CHUNK_SIZE = 1000
+MAX_MAX_PARALLELISM = 32768  # Flink's upper bound: key groups fit in two bytes.
+
+
+def check_int(option: str, value: object, low: int, high: int | None = None) -> int:
+    """Return `value` if it is an int (not a bool) within [low, high], else raise ConfigError."""
+    if type(value) is not int:
+        raise ConfigError(option, value, "an int" if high is None else f"an int in [{low}, {high}]")
+    if value < low or (high is not None and value > high):
+        rule = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(option, value, rule)
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AsyncStateConfig:
+    """Limits of the asynchronous execution controller.
+
+    batch_size: state requests sent to the backend in one executor call (>= 1).
+    buffer_timeout_ms: longest time a partial batch waits for more requests while input keeps
+        arriving; 0 disables the timeout.
+    max_in_flight: most records admitted and not yet finished; admission waits beyond it.
+    max_parallelism: number of key groups, 1..32768; fixed for the life of the state.
+    iterator_chunk_size: elements loaded per step when iterating list or map state.
+    """
+
+    batch_size: int = DEFAULT_BATCH_SIZE
+    buffer_timeout_ms: int = DEFAULT_BUFFER_TIMEOUT_MS
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
+    iterator_chunk_size: int = DEFAULT_ITERATOR_CHUNK_SIZE
+
+    def __post_init__(self) -> None:
+        check_int("batch_size", self.batch_size, 1)
+        check_int("buffer_timeout_ms", self.buffer_timeout_ms, 0)
+        check_int("max_in_flight", self.max_in_flight, 1)
+        check_int("max_parallelism", self.max_parallelism, 1, MAX_MAX_PARALLELISM)
+        check_int("iterator_chunk_size", self.iterator_chunk_size, 1)

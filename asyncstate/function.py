@@ -1,0 +1,131 @@
+"""KeyedProcessFunction, the user's stateful function, and the contexts it sees."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from asyncstate.errors import InvalidStateError
+from asyncstate.runtime.requests import StateKind
+from asyncstate.state.base import InternalState
+from asyncstate.state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from asyncstate.state.list import ListState
+from asyncstate.state.map import MapState
+from asyncstate.state.merging import AggregatingState, ReducingState
+from asyncstate.state.value import ValueState
+
+if TYPE_CHECKING:
+    from asyncstate.runtime.context import RecordContext
+    from asyncstate.runtime.controller import AsyncExecutionController
+
+__all__ = ["KeyedProcessFunction", "RuntimeContext", "TimeDomain"]
+
+S = TypeVar("S", bound=InternalState)
+
+
+class TimeDomain(enum.Enum):
+    """The time domain of a firing timer."""
+
+    EVENT_TIME = "event_time"
+    PROCESSING_TIME = "processing_time"
+
+
+class KeyedProcessFunction:
+    """Base class of stateful functions.
+
+    `open(ctx)` declares states through the RuntimeContext; `process_element(value, ctx)`
+    handles one record (plain def returning None or a StateFuture, or `async def`);
+    `on_timer(timestamp, ctx)` and `close()` are optional.
+
+    `needs_task`: None (default) detects from the code whether `process_element` uses
+    asyncio APIs that need a current Task from its first line (`asyncio.timeout`,
+    `current_task`, `TaskGroup`); True or False overrides the detection.
+    """
+
+    needs_task: bool | None = None
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Declare states; called once before the first record."""
+
+    def process_element(self, value: Any, ctx: RecordContext) -> Any:
+        """Process one record."""
+        raise NotImplementedError(f"{type(self).__name__} must implement process_element()")
+
+    def close(self) -> None:
+        """Called once when the operator closes."""
+
+
+_STATE_CLASSES: dict[StateKind, type[InternalState]] = {
+    StateKind.VALUE: ValueState,
+    StateKind.LIST: ListState,
+    StateKind.MAP: MapState,
+    StateKind.REDUCING: ReducingState,
+    StateKind.AGGREGATING: AggregatingState,
+}
+
+
+class RuntimeContext:
+    """What `open()` receives: declares keyed states bound to this operator."""
+
+    def __init__(self, controller: AsyncExecutionController, backend: Any) -> None:
+        self._controller = controller
+        self._backend = backend
+        self._states: dict[str, InternalState] = {}
+
+    def __repr__(self) -> str:
+        return f"<RuntimeContext states={sorted(self._states)}>"
+
+    def _get(self, descriptor: StateDescriptor, expected: type[StateDescriptor]) -> Any:
+        if not isinstance(descriptor, expected):
+            raise TypeError(f"expected a {expected.__name__}, got {type(descriptor).__name__}")
+        existing = self._states.get(descriptor.name)
+        if existing is not None:
+            if existing.kind is not descriptor.kind:
+                raise ValueError(
+                    f"state {descriptor.name!r} is already declared as {existing.kind.value} "
+                    f"state, cannot declare it again as {descriptor.kind.value} state")
+            return existing
+        if descriptor.ttl_config is not None:
+            raise NotImplementedError(
+                f"state {descriptor.name!r} has a TTL config, but state TTL is not available "
+                "in this version of asyncstate")
+        handle = self._backend.register_state(descriptor.name, descriptor.kind)
+        state = _STATE_CLASSES[descriptor.kind](descriptor, self._controller, handle)  # type: ignore[arg-type]
+        self._states[descriptor.name] = state
+        return state
+
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState[Any]:
+        """The ValueState declared by `descriptor`."""
+        return cast(ValueState[Any], self._get(descriptor, ValueStateDescriptor))
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState[Any]:
+        """The ListState declared by `descriptor`."""
+        return cast(ListState[Any], self._get(descriptor, ListStateDescriptor))
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState[Any, Any]:
+        """The MapState declared by `descriptor`."""
+        return cast(MapState[Any, Any], self._get(descriptor, MapStateDescriptor))
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState[Any]:
+        """The ReducingState declared by `descriptor`."""
+        return cast(ReducingState[Any], self._get(descriptor, ReducingStateDescriptor))
+
+    def get_aggregating_state(
+        self, descriptor: AggregatingStateDescriptor
+    ) -> AggregatingState[Any, Any]:
+        """The AggregatingState declared by `descriptor`."""
+        return cast(AggregatingState[Any, Any],
+                    self._get(descriptor, AggregatingStateDescriptor))
+
+    @property
+    def states(self) -> dict[str, InternalState]:
+        """States declared so far, by name."""
+        return dict(self._states)
+

@@ -1,0 +1,361 @@
+"""KeyedOperator drives a KeyedProcessFunction over a stream; `run` does it for a list.
+
+The operator admits records (waiting while `max_in_flight` records are in flight), starts
+each one from the controller's trampoline once its key is free, collects emitted values,
+and turns watermarks into epochs: `advance_watermark` returns after every earlier record is
+done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+
+from asyncstate.backends.base import StateExecutor
+from asyncstate.backends.heap import HeapBackend
+from asyncstate.clock import Clock, ManualClock, SystemClock
+from asyncstate.config import AsyncStateConfig
+from asyncstate.errors import ConfigError, InvalidStateError, KeyGroupError
+from asyncstate.function import KeyedProcessFunction, RuntimeContext
+from asyncstate.keygroups import (
+    KeyGroupRange,
+    compute_key_group_range_for_operator_index,
+    key_group_of_bytes,
+)
+from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.controller import AsyncExecutionController
+from asyncstate.runtime.driver import UserCodeDriver, needs_task
+from asyncstate.serde import canonical_key
+
+__all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "KeyedOperator", "run"]
+
+log = structlog.get_logger("asyncstate.operator")
+
+MIN_WATERMARK = -(2**63)
+MAX_WATERMARK = 2**63 - 1
+
+
+def _check_timestamp(what: str, ts: object) -> int:
+    if type(ts) is not int or not (MIN_WATERMARK <= ts <= MAX_WATERMARK):
+        raise ConfigError(what, ts, "an int of milliseconds in [-2**63, 2**63)")
+    return ts
+
+
+class KeyedOperator:
+    """Runs a KeyedProcessFunction on one operator instance; use as `async with op:`."""
+
+    def __init__(self, function: KeyedProcessFunction, *, key_selector: Callable[[Any], Any],
+                 backend: StateExecutor, config: AsyncStateConfig | None = None,
+                 clock: Clock | None = None,
+                 timestamp_selector: Callable[[Any], int | None] | None = None,
+                 parallelism: int = 1, operator_index: int = 0,
+                 restore_from: str | None = None) -> None:
+        if not callable(getattr(function, "process_element", None)):
+            raise TypeError(f"function must be a KeyedProcessFunction with process_element(), "
+                            f"got {type(function).__name__}")
+        if not callable(key_selector):
+            raise TypeError(f"key_selector must be callable, got {type(key_selector).__name__}")
+        if timestamp_selector is not None and not callable(timestamp_selector):
+            raise TypeError("timestamp_selector must be callable or None, got "
+                            f"{type(timestamp_selector).__name__}")
+        for method in ("open", "execute_batch", "register_state", "close"):
+            if not callable(getattr(backend, method, None)):
+                raise TypeError(f"backend must be a state backend (HeapBackend, RocksDBBackend, "
+                                f"...), got {type(backend).__name__} without {method}()")
+        if config is None:
+            config = AsyncStateConfig()
+        elif not isinstance(config, AsyncStateConfig):
+            raise TypeError(f"config must be an AsyncStateConfig, got {type(config).__name__}")
+        self.config = config
+        self.key_group_range: KeyGroupRange = compute_key_group_range_for_operator_index(
+            config.max_parallelism, parallelism, operator_index)
+        self.parallelism = parallelism
+        self.operator_index = operator_index
+        self.function = function
+        self.backend = backend
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.restore_from = restore_from
+        self._key_selector = key_selector
+        self._timestamp_selector = timestamp_selector
+        self._controller: AsyncExecutionController | None = None
+        self._driver: UserCodeDriver | None = None
+        self._base_vars: contextvars.Context | None = None
+        self._outputs: list[Any] = []
+        self._queued = 0
+        self._state = "new"  # new -> open -> closed
+        self._watermark = MIN_WATERMARK
+        self._records_in = 0
+        self._peak = 0
+        self._blocked_seconds = 0.0
+        self._process_element = function.process_element
+
+    def __repr__(self) -> str:
+        return (f"<KeyedOperator {type(self.function).__name__} {self._state} "
+                f"index={self.operator_index}/{self.parallelism} "
+                f"key_groups={self.key_group_range.start}..{self.key_group_range.end} "
+                f"controller={self._controller!r}>")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> KeyedOperator:
+        if self._state != "new":
+            raise InvalidStateError(f"{self!r} was already started; create a new operator")
+        loop = asyncio.get_running_loop()
+        config = self.config
+        controller = AsyncExecutionController(
+            self.backend, batch_size=config.batch_size,
+            buffer_timeout_ms=config.buffer_timeout_ms, max_in_flight=config.max_in_flight,
+            max_parallelism=config.max_parallelism,
+            iterator_chunk_size=config.iterator_chunk_size)
+        self._controller = controller
+        always_task = self.function.needs_task
+        if always_task is None:
+            always_task = needs_task(self._process_element)
+        self._driver = UserCodeDriver(loop, controller.fail, always_task)
+        self._base_vars = contextvars.copy_context()
+        self._state = "open"
+        try:
+            self.runtime_context = RuntimeContext(controller, self.backend)
+            self.function.open(self.runtime_context)
+            if self.restore_from is not None:
+                raise NotImplementedError("restore_from needs the checkpoint module")
+        except BaseException:
+            self._close()
+            raise
+        log.debug("operator.open", function=type(self.function).__name__,
+                  index=self.operator_index, parallelism=self.parallelism)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                await self.drain()
+        finally:
+            self._close()
+        failure = self._controller.failure if self._controller is not None else None
+        if failure is not None and exc_type is None:
+            raise failure
+
+    def _close(self) -> None:
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        try:
+            if self._driver is not None:
+                self._driver.cancel_all()
+            if self._controller is not None:
+                self._controller.close()
+            self.function.close()
+        finally:
+            self.backend.close()
+
+    def _ready(self) -> AsyncExecutionController:
+        controller = self._controller
+        if controller is None or self._state != "open":
+            raise InvalidStateError(
+                f"{self!r} is not running; use it inside `async with operator:`")
+        if controller.failure is not None:
+            raise controller.failure
+        return controller
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _prepare(self, record: Any) -> tuple[Any, Any, bytes, int, int | None]:
+        key = self._key_selector(record)
+        key_bytes = canonical_key(key)
+        key_group = key_group_of_bytes(key_bytes, self.config.max_parallelism)
+        kg_range = self.key_group_range
+        if not (kg_range.start <= key_group <= kg_range.end):
+            raise KeyGroupError(
+                f"key {key!r} belongs to key group {key_group}, outside this operator's key "
+                f"groups {kg_range.start}..{kg_range.end} (operator {self.operator_index} of "
+                f"{self.parallelism}); route records by key group before processing",
+                key_group=key_group)
+        ts = None
+        if self._timestamp_selector is not None:
+            ts = self._timestamp_selector(record)
+            if ts is not None:
+                _check_timestamp("timestamp", ts)
+        return (record, key, key_bytes, key_group, ts)
+
+    async def process(self, record: Any) -> None:
+        """Admit one record, waiting while `max_in_flight` records are in flight.
+
+        Returns once the record is admitted, not once it is processed.
+        """
+        controller = self._ready()
+        item = self._prepare(record)
+        if self._queued + controller._in_flight >= self.config.max_in_flight:
+            await self._wait_capacity(controller)
+        self._admit(controller, item)
+
+    def _admit(self, controller: AsyncExecutionController,
+               item: tuple[Any, Any, bytes, int, int | None]) -> None:
+        self._queued += 1
+        self._records_in += 1
+        in_flight = self._queued + controller._in_flight
+        if in_flight > self._peak:
+            self._peak = in_flight
+        controller.post(self._start, item)
+
+    async def _wait_capacity(self, controller: AsyncExecutionController) -> None:
+        limit = self.config.max_in_flight
+        started = time.perf_counter()
+        try:
+            await controller.wait_until(lambda: self._queued + controller._in_flight < limit)
+        finally:
+            self._blocked_seconds += time.perf_counter() - started
+
+    def _start(self, item: tuple[Any, Any, bytes, int, int | None]) -> None:
+        self._queued -= 1
+        controller = self._controller
+        assert controller is not None
+        if controller.failure is not None:
+            return
+        record, key, key_bytes, key_group, ts = item
+        ctx = controller.build_context(record, key, key_bytes=key_bytes, key_group=key_group,
+                                       timestamp=ts, base_vars=self._base_vars)
+        ctx._owner = self
+        controller.start_record(ctx, self._run_record)
+
+    def _run_record(self, ctx: RecordContext) -> None:
+        assert self._driver is not None
+        self._driver.run(ctx, self._process_element, ctx.record, ctx)
+
+    def emit(self, value: Any) -> None:
+        """Collect an emitted value (called through a record's ctx)."""
+        self._outputs.append(value)
+
+    def timer_service_for(self, ctx: RecordContext) -> Any:
+        """Timers are not available in this version."""
+        raise NotImplementedError("timers are not available in this version of asyncstate")
+
+    def outputs(self) -> list[Any]:
+        """Return and clear the values emitted so far, in emission order."""
+        out = self._outputs
+        self._outputs = []
+        return out
+
+    # -- progress --------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait until no record is in flight (partial batches are sent at once)."""
+        controller = self._ready()
+        await controller.wait_until(lambda: self._queued == 0 and controller._in_flight == 0)
+
+    async def advance_watermark(self, timestamp: int) -> None:
+        """Advance event time; returns after every earlier record has finished."""
+        controller = self._ready()
+        _check_timestamp("watermark", timestamp)
+        done = [False]
+        controller.post(self._on_watermark, (timestamp, done))
+        await controller.wait_until(lambda: done[0])
+
+    def _on_watermark(self, arg: tuple[int, list[bool]]) -> None:
+        timestamp, done = arg
+        assert self._controller is not None
+
+        def trigger() -> None:
+            if timestamp > self._watermark:
+                self._watermark = timestamp
+
+        def final() -> None:
+            done[0] = True
+
+        self._controller.epoch_manager.on_non_record(trigger, final)
+
+    async def advance_processing_time(self, timestamp: int) -> None:
+        """Set the ManualClock to `timestamp`; returns after every earlier record finished."""
+        controller = self._ready()
+        if not isinstance(self.clock, ManualClock):
+            raise InvalidStateError(
+                "advance_processing_time() needs the operator to run on an ast.ManualClock "
+                f"(clock=ast.ManualClock()), not {type(self.clock).__name__}")
+        _check_timestamp("processing time", timestamp)
+        self.clock.set(timestamp)
+        done = [False]
+
+        def event(_: Any) -> None:
+            assert self._controller is not None
+            self._controller.epoch_manager.on_non_record(None, lambda: done.__setitem__(0, True))
+
+        controller.post(event, None)
+        await controller.wait_until(lambda: done[0])
+
+    def current_watermark(self) -> int:
+        """The current event-time watermark (-2**63 before the first)."""
+        return self._watermark
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Counters of this operator (see docs/api.md)."""
+        c = self._controller
+        in_flight = self._queued + (c._in_flight if c is not None else 0)
+        return {
+            "records_in": self._records_in,
+            "records_done": c.records_done if c is not None else 0,
+            "in_flight": in_flight,
+            "in_flight_peak": max(self._peak, c.in_flight_peak if c is not None else 0),
+            "batches": c.batches if c is not None else 0,
+            "requests": c.requests if c is not None else 0,
+            "max_batch_size": c.max_batch_size if c is not None else 0,
+            "blocked_seconds": self._blocked_seconds,
+        }
+
+    @property
+    def controller(self) -> AsyncExecutionController:
+        """The operator's controller (while running)."""
+        if self._controller is None:
+            raise InvalidStateError(f"{self!r} has not been started")
+        return self._controller
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+
+
+def run(function: KeyedProcessFunction, records: Iterable[Any], *,
+        key_selector: Callable[[Any], Any],
+        timestamp_selector: Callable[[Any], int | None] | None = None,
+        backend: StateExecutor | None = None, config: AsyncStateConfig | None = None,
+        clock: Clock | None = None) -> list[Any]:
+    """Run `function` over `records` on a fresh event loop; the emitted values in order.
+
+    At the end of input it drains, then advances the watermark to the maximum.
+    """
+    if asyncio._get_running_loop() is not None:
+        raise InvalidStateError(
+            "ast.run() cannot be called from a running event loop; inside async code use "
+            "`async with ast.KeyedOperator(...) as op: await op.process(record)`")
+    operator = KeyedOperator(function, key_selector=key_selector,
+                             backend=backend if backend is not None else HeapBackend(),
+                             config=config, clock=clock, timestamp_selector=timestamp_selector)
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        return runner.run(_run(operator, records))
+
+
+async def _run(operator: KeyedOperator, records: Iterable[Any]) -> list[Any]:
+    async with operator:
+        controller = operator.controller
+        limit = operator.config.max_in_flight
+        prepare = operator._prepare
+        admit = operator._admit
+        for record in records:
+            if controller.failure is not None:
+                raise controller.failure
+            item = prepare(record)
+            if operator._queued + controller._in_flight >= limit:
+                await operator._wait_capacity(controller)
+            admit(controller, item)
+        await operator.drain()
+        await operator.advance_watermark(MAX_WATERMARK)
+    return operator.outputs()

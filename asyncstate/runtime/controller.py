@@ -1,0 +1,505 @@
+"""AsyncExecutionController: orders records per key and batches their state requests.
+
+The controller wires a request buffer, a key accounting unit and an epoch manager around a
+`StateExecutor`:
+
+1. A record context becomes *in flight* with its first request or sync point, if capacity
+   allows (`max_in_flight`); otherwise its requests wait for capacity, in order.
+2. An in-flight context that holds its key sends requests to the active queue (or, with an
+   immediate executor, completes them at once); one that does not hold its key parks them
+   in the key's blocking queue.
+3. The active queue goes out as a batch when it reaches `batch_size`, on the buffer
+   timeout, or at once while anyone waits for progress (`wait_until`, drains).
+4. When a context's references drop to zero it is disposed: its key passes to the next
+   blocked context of that key, its epoch count drops, capacity frees up.
+
+Everything runs on the loop thread. Work that runs user code after a state change (starting
+an unblocked record, completing a batch) goes through a trampoline (`post`): one active drain
+of pending work at a time, so long same-key queues never grow the stack, and never inside
+another asyncio Task's step (work posted from a Task runs from a loop callback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from asyncstate.backends.base import ExecutorBinding, StateExecutor
+from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
+from asyncstate.errors import InvalidStateError
+from asyncstate.keygroups import key_group_of_bytes
+from asyncstate.runtime.buffer import StateRequestBuffer, TimeoutScheduler
+from asyncstate.runtime.context import RecordContext, current_context, set_current_context
+from asyncstate.runtime.epoch import EpochManager
+from asyncstate.runtime.future import StateFuture, completed_future, failed_future
+from asyncstate.runtime.key_accounting import KeyAccountingUnit
+from asyncstate.runtime.requests import StateRequest, StateRequestType
+from asyncstate.serde import NONE_BYTES, canonical_key
+
+__all__ = ["AsyncExecutionController"]
+
+log = structlog.get_logger("asyncstate.controller")
+
+_SYNC_POINT = StateRequestType.SYNC_POINT
+_current_task = asyncio.current_task
+_get_running_loop = asyncio._get_running_loop
+
+
+class AsyncExecutionController:
+    """Per-operator coordinator between user code and a `StateExecutor` (see module doc)."""
+
+    def __init__(self, executor: StateExecutor, *, batch_size: int, buffer_timeout_ms: int,
+                 max_in_flight: int, max_parallelism: int = 128,
+                 iterator_chunk_size: int = DEFAULT_ITERATOR_CHUNK_SIZE,
+                 timeout_scheduler: TimeoutScheduler | None = None) -> None:
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        check_int("buffer_timeout_ms", buffer_timeout_ms, 0)
+        self.max_in_flight = check_int("max_in_flight", max_in_flight, 1)
+        self.max_parallelism = check_int("max_parallelism", max_parallelism, 1,
+                                         MAX_MAX_PARALLELISM)
+        check_int("iterator_chunk_size", iterator_chunk_size, 1)
+        loop = _get_running_loop()
+        scheduler = timeout_scheduler if timeout_scheduler is not None else loop
+        if buffer_timeout_ms > 0 and scheduler is None:
+            raise InvalidStateError(
+                "buffer_timeout_ms > 0 needs a running event loop or a timeout_scheduler; "
+                "create the controller inside the loop, pass timeout_scheduler=..., or set "
+                "buffer_timeout_ms=0")
+        self._loop = loop
+        self._executor = executor
+        self._immediate: Callable[..., Any] | None = (
+            getattr(executor, "execute_one", None)
+            if getattr(executor, "completes_at_issue", False) else None)
+        self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout, scheduler)
+        self._kau = KeyAccountingUnit()
+        self._epochs = EpochManager()
+        self._in_flight = 0
+        self._parked: dict[RecordContext, list[StateRequest]] = {}
+        self._pending: deque[tuple[Callable[[Any], Any], Any]] = deque()
+        self._running = False
+        self._scheduled = False
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        self._failure: BaseException | None = None
+        self._failure_listeners: list[Callable[[BaseException], None]] = []
+        self._closed = False
+        # metrics
+        self.in_flight_peak = 0
+        self.records_done = 0
+        self.batches = 0
+        self.requests = 0
+        self.max_batch_size = 0
+        self.batches_in_executor = 0
+        executor.open(ExecutorBinding(loop=loop, deliver=self._deliver,
+                                      iterator_chunk_size=iterator_chunk_size,
+                                      max_parallelism=max_parallelism))
+        log.debug("controller.created", batch_size=batch_size,
+                  buffer_timeout_ms=buffer_timeout_ms, max_in_flight=max_in_flight,
+                  max_parallelism=max_parallelism, executor=type(executor).__name__)
+
+    def __repr__(self) -> str:
+        return (f"<AsyncExecutionController in_flight={self._in_flight}/{self.max_in_flight} "
+                f"active={self._buffer.active_size} blocking={self._buffer.blocking_size} "
+                f"blocked_keys={self._buffer.blocking_key_num} "
+                f"occupied_keys={self._kau.occupied_count()}>")
+
+    # -- contexts --------------------------------------------------------------------------
+
+    def build_context(self, record: Any, key: Any, *, key_bytes: bytes | None = None,
+                      key_group: int | None = None, timestamp: int | None = None,
+                      base_vars: contextvars.Context | None = None,
+                      priority: int = 0) -> RecordContext:
+        """Wrap a record and its key in a new RecordContext (not yet in flight).
+
+        The context gets its own copy of the contextvars context (of `base_vars`, or of the
+        caller's), in which it is the current record context.
+        """
+        if key_bytes is None:
+            key_bytes = canonical_key(key)
+        if key_group is None:
+            key_group = key_group_of_bytes(key_bytes, self.max_parallelism)
+        ctx = RecordContext(record, key, key_bytes, key_group, self._dispose, timestamp,
+                            priority)
+        ctx_vars = base_vars.copy() if base_vars is not None else contextvars.copy_context()
+        ctx_vars.run(set_current_context, ctx)
+        ctx.vars = ctx_vars
+        return ctx
+
+    def set_current_context(self, ctx: RecordContext | None) -> None:
+        """Make `ctx` the current record context of the calling code."""
+        set_current_context(ctx)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def current(self) -> RecordContext:
+        """The current record context; InvalidStateError outside a record or after it ended."""
+        ctx = current_context()
+        if ctx is None:
+            raise InvalidStateError(
+                "state accessed outside a record: state can only be used while a record or "
+                "timer is processed (not in open(), not in a task the record did not await)")
+        if ctx.finished:
+            raise InvalidStateError(
+                f"state accessed for the record with key {ctx.key!r} after that record "
+                "finished (a task or callback outlived its record)")
+        return ctx
+
+    def handle_request(self, state: Any, request_type: StateRequestType,
+                       payload: Any) -> StateFuture[Any]:
+        """Issue a state request for the current record context; returns its future."""
+        ctx = current_context()
+        if ctx is None or ctx.finished:
+            ctx = self.current()
+        ns = NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
+        return self.issue(ctx, state, request_type, payload, ns)
+
+    def namespace_of(self, ctx: RecordContext, state: Any) -> bytes:
+        """The namespace bytes `ctx` currently uses for `state`."""
+        return NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
+
+    def issue(self, ctx: RecordContext, state: Any, request_type: StateRequestType,
+              payload: Any, ns: bytes) -> StateFuture[Any]:
+        """Issue a request for `ctx` with an explicit namespace (see `handle_request`)."""
+        self.requests += 1
+        if ctx.key_occupied:
+            immediate = self._immediate
+            if immediate is not None:
+                try:
+                    return completed_future(immediate(state, request_type, payload,
+                                                      ctx.key_bytes, ns))
+                except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
+                    self.fail(exc)
+                    return failed_future(exc)
+            fut: StateFuture[Any] = StateFuture(ctx)
+            buffer = self._buffer
+            buffer.enqueue_to_active(StateRequest(state, request_type, payload, ns, ctx, fut))
+            if len(buffer.active) >= self.batch_size:
+                self._trigger()
+            return fut
+        fut = StateFuture(ctx)
+        self._admit(StateRequest(state, request_type, payload, ns, ctx, fut), False)
+        return fut
+
+    def sync_point(self, callback: Callable[[], Any], *,
+                   allow_overdraft: bool = False) -> StateFuture[Any]:
+        """Run callback() once the current context holds its key; a future of its result."""
+        ctx = self.current()
+        fut: StateFuture[Any] = StateFuture(ctx)
+        result = fut.then_apply(lambda _: callback())
+        self._admit(StateRequest(None, _SYNC_POINT, None, NONE_BYTES, ctx, fut), allow_overdraft)
+        return result
+
+    def start_record(self, ctx: RecordContext, run: Callable[[RecordContext], Any], *,
+                     allow_overdraft: bool = False) -> None:
+        """Start a record: run(ctx) once it is in flight and holds its key (now, if it can).
+
+        The cheap path of a sync point for operators: no future is created.
+        """
+        fut: StateFuture[Any] = StateFuture(ctx)
+        fut._add_hook(lambda _: run(ctx))
+        self._admit(StateRequest(None, _SYNC_POINT, None, NONE_BYTES, ctx, fut), allow_overdraft)
+
+    def set_namespace(self, state: Any, namespace: Any) -> None:
+        """Set the namespace the current record uses for `state` (None: the default)."""
+        ctx = self.current()
+        ns_bytes = canonical_key(namespace, "namespace", getattr(state, "name", None))
+        if ctx.namespaces is None:
+            ctx.namespaces = {}
+        ctx.namespaces[state] = ns_bytes
+
+    def _admit(self, request: StateRequest, allow_overdraft: bool) -> None:
+        ctx = request.context
+        if not ctx.in_flight:
+            parked = self._parked.get(ctx)
+            if parked is not None:
+                parked.append(request)
+                return
+            if self._in_flight >= self.max_in_flight and not allow_overdraft:
+                self._parked[ctx] = [request]
+                return
+            self._enter_flight(ctx)
+        if ctx.key_occupied or self._occupy(ctx):
+            self._insert_active(request)
+        else:
+            self._buffer.enqueue_to_blocking(request)
+
+    def _enter_flight(self, ctx: RecordContext) -> None:
+        ctx.in_flight = True
+        ctx.epoch = self._epochs.on_record()
+        self._in_flight += 1
+        if self._in_flight > self.in_flight_peak:
+            self.in_flight_peak = self._in_flight
+
+    def _occupy(self, ctx: RecordContext) -> bool:
+        # A key with blocked requests is not free, even between a release and the unblock.
+        if self._kau.occupy(ctx, ctx.key_bytes):
+            ctx.key_occupied = True
+            return True
+        return False
+
+    def _insert_active(self, request: StateRequest) -> None:
+        if request.request_type is _SYNC_POINT:
+            request.future._complete(None)
+            return
+        immediate = self._immediate
+        if immediate is not None:
+            try:
+                result = immediate(request.state, request.request_type, request.payload,
+                                   request.context.key_bytes, request.namespace)
+            except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
+                self.fail(exc)
+                request.future._fail(exc)
+                return
+            request.future._complete(result)
+            return
+        self._buffer.enqueue_to_active(request)
+        if len(self._buffer.active) >= self.batch_size:
+            self._trigger()
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def trigger_if_needed(self, force: bool) -> bool:
+        """Send a batch if the active queue reached batch_size (or, forced, if non-empty)."""
+        active = self._buffer.active
+        if not active or (not force and len(active) < self.batch_size):
+            return False
+        self._trigger()
+        return True
+
+    def _trigger(self) -> None:
+        buffer = self._buffer
+        batch = buffer.pop_active(self.batch_size)
+        buffer.advance_seq()
+        self.batches += 1
+        self.batches_in_executor += 1
+        if len(batch) > self.max_batch_size:
+            self.max_batch_size = len(batch)
+        self._executor.execute_batch(batch)
+
+    def _flush(self) -> None:
+        while self._buffer.active:
+            self._trigger()
+
+    def _on_buffer_timeout(self, seq: int) -> None:
+        if seq == self._buffer.current_seq and self._failure is None:
+            self.trigger_if_needed(True)
+
+    def _deliver(self, batch: list[StateRequest], results: list[Any] | None,
+                 error: BaseException | None) -> None:
+        self.post(self._complete_batch, (batch, results, error))
+
+    def _complete_batch(self, outcome: tuple[list[StateRequest], list[Any] | None,
+                                             BaseException | None]) -> None:
+        batch, results, error = outcome
+        self.batches_in_executor -= 1
+        if error is not None or results is None:
+            exc = error if error is not None else InvalidStateError("executor delivered no results")
+            self.fail(exc)
+            for request in batch:
+                request.future._observed = True
+                request.future._fail(exc)
+            return
+        if len(results) != len(batch):
+            raise InvalidStateError(
+                f"executor delivered {len(results)} results for a batch of {len(batch)}")
+        for request, result in zip(batch, results, strict=True):
+            request.future._complete(result)
+
+    # -- disposal --------------------------------------------------------------------------
+
+    def _dispose(self, ctx: RecordContext) -> None:
+        ctx.key_occupied = False
+        ctx.finished = True
+        failure = ctx.unobserved_failure()
+        if failure is not None:
+            self.fail(failure)
+        key = ctx.key_bytes
+        self._kau.release(ctx, key)
+        self._in_flight -= 1
+        ctx.in_flight = False
+        self.records_done += 1
+        # Hand the key to the next blocked context now, so nobody can jump the queue, and
+        # run its work from the trampoline.
+        nxt = self._buffer.unblock_one_by_key(key)
+        if nxt is not None:
+            holder = nxt.context
+            self._occupy(holder)
+            requests = [nxt]
+            buffer = self._buffer
+            while (following := buffer.peek_blocked(key)) is not None and \
+                    following.context is holder:
+                requests.append(buffer.unblock_one_by_key(key))  # type: ignore[arg-type]
+            self.post(self._activate, requests)
+        if self._parked and self._in_flight < self.max_in_flight:
+            self.post(self._admit_parked, None)
+        if ctx.epoch is not None:
+            self._epochs.complete_one_record(ctx.epoch)
+        if not self._running:
+            self._ensure_run()
+
+    def _activate(self, requests: list[StateRequest]) -> None:
+        for request in requests:
+            self._insert_active(request)
+
+    def _admit_parked(self, _: Any) -> None:
+        parked = self._parked
+        while parked and self._in_flight < self.max_in_flight:
+            ctx = next(iter(parked))
+            requests = parked.pop(ctx)
+            self._enter_flight(ctx)
+            for request in requests:
+                self._admit(request, True)
+
+    # -- trampoline ------------------------------------------------------------------------
+
+    def post(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        """Run fn(arg) from the trampoline: now if nothing runs and we are not inside a Task
+        step, otherwise after the current work (or from a loop callback)."""
+        self._pending.append((fn, arg))
+        if not self._running and not self._scheduled:
+            self._ensure_run()
+
+    def _ensure_run(self) -> None:
+        loop = _get_running_loop()
+        if loop is not None and _current_task(loop) is not None:
+            if not self._scheduled:
+                self._scheduled = True
+                loop.call_soon(self._run_scheduled)
+        else:
+            self._run()
+
+    def _run_scheduled(self) -> None:
+        self._scheduled = False
+        if not self._running:
+            self._run()
+
+    def _run(self) -> None:
+        self._running = True
+        pending = self._pending
+        try:
+            while True:
+                while pending:
+                    fn, arg = pending.popleft()
+                    try:
+                        fn(arg)
+                    except Exception as exc:  # noqa: BLE001 - fails the run, keeps draining
+                        self.fail(exc)
+                if self._waiters:
+                    self._check_waiters()
+                if not pending:
+                    break
+        finally:
+            self._running = False
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def _check_waiters(self) -> None:
+        remaining = []
+        for predicate, fut in self._waiters:
+            if fut.done():
+                continue
+            if self._failure is not None:
+                fut.set_exception(self._failure)
+            elif predicate():
+                fut.set_result(None)
+            else:
+                remaining.append((predicate, fut))
+        self._waiters = remaining
+        if remaining and self._failure is None:
+            self._flush()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until predicate() holds, sending partial batches meanwhile; raises the
+        run's failure if there is one."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._pending and predicate():
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((predicate, fut))
+        self._flush()
+        if not self._running and self._pending:
+            self._ensure_run()
+        elif not self._running:
+            self._check_waiters()
+        await fut
+
+    async def drain_inflight_records(self, target: int) -> None:
+        """Wait until at most `target` contexts are in flight."""
+        await self.wait_until(lambda: self._in_flight <= target)
+
+    # -- failure ---------------------------------------------------------------------------
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of the run, or None."""
+        return self._failure
+
+    def add_failure_listener(self, listener: Callable[[BaseException], None]) -> None:
+        """Call listener(exc) once when the run fails."""
+        self._failure_listeners.append(listener)
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail the run with `exc` (the first failure wins) and wake every waiter."""
+        if self._failure is not None:
+            return
+        self._failure = exc
+        log.debug("controller.failed", error=repr(exc))
+        for predicate, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._waiters = []
+        for listener in self._failure_listeners:
+            listener(exc)
+
+    def close(self) -> None:
+        """Cancel the buffer timeout; the executor is closed by its owner."""
+        self._closed = True
+        self._buffer.close()
+
+    # -- gauges ----------------------------------------------------------------------------
+
+    @property
+    def in_flight_record_num(self) -> int:
+        """Contexts in flight (from their first request until their references reach 0)."""
+        return self._in_flight
+
+    @property
+    def active_queue_size(self) -> int:
+        """Requests waiting in the active queue for the next batch."""
+        return self._buffer.active_size
+
+    @property
+    def blocking_queue_size(self) -> int:
+        """Requests waiting for their key."""
+        return self._buffer.blocking_size
+
+    @property
+    def blocking_key_num(self) -> int:
+        """Keys with waiting requests."""
+        return self._buffer.blocking_key_num
+
+    @property
+    def occupied_key_num(self) -> int:
+        """Keys held by a record."""
+        return self._kau.occupied_count()
+
+    @property
+    def parked_context_num(self) -> int:
+        """Contexts waiting for capacity."""
+        return len(self._parked)
+
+    @property
+    def epoch_manager(self) -> EpochManager:
+        """The epoch manager (non-record events)."""
+        return self._epochs
+
+    @property
+    def buffer(self) -> StateRequestBuffer:
+        """The request buffer."""
+        return self._buffer

@@ -1,0 +1,426 @@
+"""StateFuture: the result of a state call.
+
+State machine::
+
+    PENDING --_complete(v)--> DONE
+    PENDING --_fail(exc)----> FAILED
+
+A future completes once. Invariants:
+
+- A pending future bound to a `RecordContext` holds one reference on it until it completes,
+  so a record stays in flight while any of its futures is pending.
+- Callbacks registered on a pending future run when it completes, on the loop thread, in
+  registration order, inside their record's contextvars context (so `ctx` and the record's
+  current key are in force). Callbacks registered on a completed future run before the
+  registering call returns.
+- An exception raised by a callback completes the returned future exceptionally; a failure
+  skips the callbacks down a chain and travels to its end. `BaseException`s that are not
+  `Exception`s propagate and are never captured.
+- A failure nobody looked at (no callback, no `result()`/`exception()`, not awaited) by the
+  time its record finishes fails the operator.
+
+Differences from `asyncio.Future`: callbacks registered with the `then_*` combinators run
+inline (no loop hop); awaiting a completed future returns at once; no running loop is needed
+for completed futures and their combinators; `cancel()` refuses (a request already sent to a
+backend cannot be recalled), so a Task cancelled while awaiting a state future is cancelled
+when that future completes. The asyncio protocol (`add_done_callback`, `get_loop`,
+`_asyncio_future_blocking`, ...) is implemented so a StateFuture can be awaited inside any
+Task and passed to `asyncio.gather` / `asyncio.wait_for`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from asyncstate.errors import InvalidStateError
+from asyncstate.runtime.context import current_context
+
+if TYPE_CHECKING:
+    from asyncstate.runtime.context import RecordContext
+
+__all__ = [
+    "StateFuture",
+    "combine_all",
+    "completed_future",
+    "completed_void_future",
+    "failed_future",
+]
+
+T = TypeVar("T")
+U = TypeVar("U")
+V = TypeVar("V")
+
+_PENDING = 0
+_DONE = 1
+_FAILED = 2
+
+# Callback kinds: a callback entry is (kind, fn, target).
+_APPLY = 0  # target <- fn(value)
+_ACCEPT = 1  # fn(value); target <- None
+_COMPOSE = 2  # target <- result of the future fn(value) returns
+_FORWARD = 3  # target <- this future's outcome
+_CALL = 4  # fn(future) (internal hooks: coroutine driver, combine_all, record end)
+_ASYNCIO = 5  # loop.call_soon(fn, future, context=target[1]) with target = (loop, context)
+
+_get_running_loop = asyncio.get_running_loop
+
+
+class StateFuture(Generic[T]):
+    """The future result of a state call; see the module docstring for its semantics."""
+
+    __slots__ = ("_asyncio_future_blocking", "_callbacks", "_ctx", "_exception", "_observed",
+                 "_result", "_state")
+
+    def __init__(self, ctx: RecordContext | None = None) -> None:
+        self._state = _PENDING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._callbacks: list[tuple[int, Any, Any]] | None = None
+        self._asyncio_future_blocking = False
+        self._observed = False
+        self._ctx = ctx
+        if ctx is not None:
+            ctx.ref_count += 1
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "failed")[self._state]
+        extra = f" result={self._result!r}" if self._state == _DONE else (
+            f" exception={self._exception!r}" if self._state == _FAILED else "")
+        return f"<StateFuture {state}{extra}>"
+
+    # -- completion (controller side) -----------------------------------------------------
+
+    def _complete(self, value: Any) -> None:
+        if self._state != _PENDING:
+            raise InvalidStateError(f"{self!r} is already completed")
+        self._result = value
+        self._state = _DONE
+        self._finish()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._state != _PENDING:
+            raise InvalidStateError(f"{self!r} is already completed")
+        self._exception = exc
+        self._state = _FAILED
+        if self._callbacks is None and self._ctx is not None:
+            self._ctx.note_failure(self)
+        self._finish()
+
+    def _finish(self) -> None:
+        ctx = self._ctx
+        if self._callbacks is not None:
+            if ctx is None or ctx.entered:
+                self._run_callbacks()
+            else:
+                ctx.run(self._run_callbacks)
+        if ctx is not None:
+            self._ctx = None
+            ctx.release()
+
+    def _run_callbacks(self) -> None:
+        callbacks = self._callbacks
+        self._callbacks = None
+        assert callbacks is not None
+        for kind, fn, target in callbacks:
+            self._dispatch(kind, fn, target)
+
+    def _dispatch(self, kind: int, fn: Any, target: Any) -> None:
+        if kind == _ASYNCIO:
+            target[0].call_soon(fn, self, context=target[1])
+            return
+        if self._state == _FAILED:
+            self._observed = True
+            if kind == _CALL:
+                fn(self)
+            else:
+                target._fail(self._exception)
+            return
+        value = self._result
+        if kind == _CALL:
+            fn(self)
+            return
+        if kind == _FORWARD:
+            target._complete(value)
+            return
+        try:
+            if kind == _APPLY:
+                result = fn(value)
+            elif kind == _ACCEPT:
+                fn(value)
+                result = None
+            else:  # _COMPOSE
+                inner = fn(value)
+                if type(inner) is not StateFuture:
+                    raise _not_a_future(fn, inner)
+                inner._forward_to(target)
+                return
+        except Exception as exc:  # noqa: BLE001 - a callback failure fails the chain
+            target._fail(exc)
+            return
+        target._complete(result)
+
+    def _forward_to(self, target: StateFuture[Any]) -> None:
+        state = self._state
+        if state == _PENDING:
+            self._add((_FORWARD, None, target))
+        elif state == _DONE:
+            target._complete(self._result)
+        else:
+            self._observed = True
+            target._fail(self._exception)  # type: ignore[arg-type]
+
+    def _add(self, entry: tuple[int, Any, Any]) -> None:
+        if self._callbacks is None:
+            self._callbacks = [entry]
+        else:
+            self._callbacks.append(entry)
+
+    def _add_hook(self, fn: Callable[[StateFuture[T]], None]) -> None:
+        """Run fn(self) once done: inline when already done (internal use)."""
+        if self._state == _PENDING:
+            self._add((_CALL, fn, None))
+        else:
+            if self._state == _FAILED:
+                self._observed = True
+            fn(self)
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """True once the future has a result or an exception."""
+        return self._state != _PENDING
+
+    def result(self) -> T:
+        """The result; raises the failure, or InvalidStateError while pending."""
+        state = self._state
+        if state == _DONE:
+            return self._result  # type: ignore[no-any-return]
+        if state == _FAILED:
+            self._observed = True
+            raise self._exception  # type: ignore[misc]
+        raise InvalidStateError("StateFuture.result() called before the future completed")
+
+    def exception(self) -> BaseException | None:
+        """The failure (the original exception object) or None; InvalidStateError while pending."""
+        if self._state == _PENDING:
+            raise InvalidStateError("StateFuture.exception() called before the future completed")
+        self._observed = True
+        return self._exception
+
+    # -- combinators ---------------------------------------------------------------------
+
+    def _chain(self, kind: int, fn: Any) -> StateFuture[Any]:
+        target: StateFuture[Any] = StateFuture(self._ctx)
+        self._add((kind, fn, target))
+        return target
+
+    def then_apply(self, fn: Callable[[T], U]) -> StateFuture[U]:
+        """A future of fn(result)."""
+        state = self._state
+        if state == _DONE:
+            try:
+                return completed_future(fn(self._result))
+            except Exception as exc:  # noqa: BLE001
+                return failed_future(exc)
+        if state == _FAILED:
+            self._observed = True
+            return failed_future(self._exception)  # type: ignore[arg-type]
+        return self._chain(_APPLY, fn)
+
+    def then_accept(self, fn: Callable[[T], Any]) -> StateFuture[None]:
+        """Run fn(result); a future of None once it ran."""
+        state = self._state
+        if state == _DONE:
+            try:
+                fn(self._result)
+            except Exception as exc:  # noqa: BLE001
+                return failed_future(exc)
+            return _VOID
+        if state == _FAILED:
+            self._observed = True
+            return failed_future(self._exception)  # type: ignore[arg-type]
+        return self._chain(_ACCEPT, fn)
+
+    def then_compose(self, fn: Callable[[T], StateFuture[U]]) -> StateFuture[U]:
+        """A future of the result of the StateFuture fn(result) returns."""
+        state = self._state
+        if state == _DONE:
+            try:
+                inner = fn(self._result)
+            except Exception as exc:  # noqa: BLE001
+                return failed_future(exc)
+            if type(inner) is not StateFuture:
+                return failed_future(_not_a_future(fn, inner))
+            return inner
+        if state == _FAILED:
+            self._observed = True
+            return failed_future(self._exception)  # type: ignore[arg-type]
+        return self._chain(_COMPOSE, fn)
+
+    def then_combine(self, other: StateFuture[U], fn: Callable[[T, U], V]) -> StateFuture[V]:
+        """A future of fn(result, other's result), once both are done."""
+        if not isinstance(other, StateFuture):
+            return failed_future(TypeError(
+                f"then_combine() expects a StateFuture as other, got {type(other).__name__}"))
+        return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
+
+    def then_conditionally_apply(
+        self, condition: Callable[[T], bool], if_true: Callable[[T], U],
+        if_false: Callable[[T], V] | None = None,
+    ) -> StateFuture[tuple[bool, U | V | None]]:
+        """A future of (condition(result), if_true(result) or if_false(result) or None)."""
+        def apply(value: T) -> tuple[bool, U | V | None]:
+            if condition(value):
+                return (True, if_true(value))
+            return (False, None if if_false is None else if_false(value))
+        return self.then_apply(apply)
+
+    def then_conditionally_accept(
+        self, condition: Callable[[T], bool], if_true: Callable[[T], Any],
+        if_false: Callable[[T], Any] | None = None,
+    ) -> StateFuture[bool]:
+        """Run if_true or if_false on the result; a future of condition(result)."""
+        def accept(value: T) -> bool:
+            if condition(value):
+                if_true(value)
+                return True
+            if if_false is not None:
+                if_false(value)
+            return False
+        return self.then_apply(accept)
+
+    def then_conditionally_compose(
+        self, condition: Callable[[T], bool], if_true: Callable[[T], StateFuture[U]],
+        if_false: Callable[[T], StateFuture[V]] | None = None,
+    ) -> StateFuture[tuple[bool, Any]]:
+        """A future of (condition(result), result of the chosen branch's future or None)."""
+        def compose(value: T) -> StateFuture[tuple[bool, Any]]:
+            if condition(value):
+                branch: Callable[[T], StateFuture[Any]] = if_true
+                flag = True
+            elif if_false is not None:
+                branch, flag = if_false, False
+            else:
+                return completed_future((False, None))
+            inner = branch(value)
+            if type(inner) is not StateFuture:
+                raise _not_a_future(branch, inner)
+            return inner.then_apply(lambda result: (flag, result))
+        return self.then_compose(compose)
+
+    # -- asyncio future protocol -----------------------------------------------------------
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop (a StateFuture belongs to the loop it is awaited on)."""
+        return _get_running_loop()
+
+    def add_done_callback(self, fn: Callable[[StateFuture[T]], Any], *,
+                          context: Any = None) -> None:
+        """asyncio protocol: schedule fn(self) on the running loop once done."""
+        loop = _get_running_loop()
+        if self._state == _PENDING:
+            self._add((_ASYNCIO, fn, (loop, context)))
+        else:
+            loop.call_soon(fn, self, context=context)
+
+    def remove_done_callback(self, fn: Callable[[StateFuture[T]], Any]) -> int:
+        """asyncio protocol: remove fn scheduled by add_done_callback; return the count."""
+        if not self._callbacks:
+            return 0
+        kept = [c for c in self._callbacks if not (c[0] == _ASYNCIO and c[1] == fn)]
+        removed = len(self._callbacks) - len(kept)
+        self._callbacks = kept or None
+        return removed
+
+    def cancel(self, msg: Any = None) -> bool:
+        """State futures cannot be cancelled: always False."""
+        return False
+
+    def cancelled(self) -> bool:
+        """Always False (state futures cannot be cancelled)."""
+        return False
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._state == _PENDING:
+            self._asyncio_future_blocking = True
+            yield self
+            if self._state == _PENDING:
+                raise InvalidStateError("StateFuture awaited again before it completed")
+        return self.result()
+
+    __iter__ = __await__
+
+
+def _not_a_future(fn: Any, got: object) -> TypeError:
+    name = getattr(fn, "__qualname__", repr(fn))
+    return TypeError(f"then_compose() callback {name} must return a StateFuture, "
+                     f"got {type(got).__name__}")
+
+
+def completed_future(value: T) -> StateFuture[T]:
+    """A future already completed with `value`."""
+    fut: StateFuture[T] = StateFuture()
+    fut._state = _DONE
+    fut._result = value
+    return fut
+
+
+def failed_future(exc: BaseException) -> StateFuture[Any]:
+    """A future already failed with `exc`.
+
+    Inside a record, the failure is noted on the record: if nothing looks at it before the
+    record finishes, it fails the operator (a failing chain that was not returned).
+    """
+    fut: StateFuture[Any] = StateFuture()
+    fut._state = _FAILED
+    fut._exception = exc
+    ctx = current_context()
+    if ctx is not None:
+        ctx.note_failure(fut)
+    return fut
+
+
+_VOID: StateFuture[None] = completed_future(None)
+
+
+def completed_void_future() -> StateFuture[None]:
+    """A future already completed with None."""
+    return _VOID
+
+
+def combine_all(futures: Iterable[StateFuture[Any]]) -> StateFuture[list[Any]]:
+    """A future of the list of results, in input order; fails with the first failure."""
+    items = list(futures)
+    for f in items:
+        if not isinstance(f, StateFuture):
+            raise TypeError(f"combine_all() expects StateFutures, got {type(f).__name__}")
+    pending = [f for f in items if f._state == _PENDING]
+    if not pending:
+        for f in items:
+            if f._state == _FAILED:
+                f._observed = True
+                return failed_future(f._exception)  # type: ignore[arg-type]
+        return completed_future([f._result for f in items])
+    result: StateFuture[list[Any]] = StateFuture(pending[0]._ctx)
+    remaining = [len(pending)]
+
+    def one_done(fut: StateFuture[Any]) -> None:
+        if result._state != _PENDING:
+            return
+        if fut._state == _FAILED:
+            result._fail(fut._exception)  # type: ignore[arg-type]
+            return
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            result._complete([f._result for f in items])
+
+    for f in items:
+        if f._state == _FAILED:
+            f._observed = True
+            result._fail(f._exception)  # type: ignore[arg-type]
+            return result
+    for f in pending:
+        f._add((_CALL, one_done, None))
+    return result

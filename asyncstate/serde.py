@@ -1,0 +1,179 @@
+"""Encoding of keys, namespaces and values (msgpack).
+
+Keys, namespaces and map user keys are identified by their *canonical bytes*: msgpack with
+``use_bin_type=True``. The controller, every backend, checkpoints and key groups compare keys
+that way, so ``1``, ``1.0`` and ``True`` are three keys while ``[1, 2]`` and ``(1, 2)`` are one.
+Allowed key types: None, bool, int in [-2**63, 2**64), float, str, bytes, and lists or tuples
+of those. Dicts are not keys.
+
+Values are anything msgpack encodes (dicts with int or tuple keys included). States hand
+backends the *stored form* of a value (see `to_stored`): immutable scalars stay as they are,
+everything else is packed once at the call that wrote it. That single step validates the
+value (errors name the state and the type), copies it (later mutation of the caller's list
+cannot change stored state) and makes tuples come back as lists on every backend.
+
+Ordered encodings (`encode_ordered_i64`) keep byte order equal to numeric order, for sorted
+keys such as timer timestamps.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from asyncstate.errors import SerializationError
+
+__all__ = [
+    "NONE_BYTES",
+    "Packed",
+    "canonical_key",
+    "decode_key",
+    "decode_ordered_i64",
+    "decode_value",
+    "encode_ordered_i64",
+    "from_stored",
+    "stored_to_bytes",
+    "to_stored",
+]
+
+NONE_BYTES = b"\xc0"  # canonical bytes of None: the default namespace
+_INT_MIN = -(2**63)
+_INT_END = 2**64
+_KEY_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
+_VALUE_SCALARS = _KEY_SCALARS
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+
+class Packed(bytes):
+    """A value already encoded with msgpack (the stored form of non-scalar values)."""
+
+    __slots__ = ()
+
+
+def _describe(what: str, state_name: str | None) -> str:
+    return what if state_name is None else f"{what} of state {state_name!r}"
+
+
+def _check_key_parts(key: object, what: str, state_name: str | None) -> None:
+    tp = type(key)
+    if tp is list or tp is tuple:
+        for item in key:  # type: ignore[attr-defined]
+            _check_key_parts(item, what, state_name)
+        return
+    if tp not in _KEY_SCALARS:
+        hint = " (dicts are not allowed in keys)" if isinstance(key, dict) else ""
+        raise SerializationError(
+            f"{_describe(what, state_name)} must be None, bool, int, float, str, bytes or a "
+            f"list/tuple of those, got {tp.__name__}{hint}",
+            state_name=state_name, type_name=tp.__name__)
+    if tp is int and not (_INT_MIN <= key < _INT_END):  # type: ignore[operator]
+        raise SerializationError(
+            f"{_describe(what, state_name)} is an int outside [-2**63, 2**64): {key!r}",
+            state_name=state_name, type_name="int")
+
+
+def canonical_key(key: object, what: str = "key", state_name: str | None = None) -> bytes:
+    """Return the canonical bytes of a key, namespace or map user key.
+
+    Raises SerializationError naming `what` (and the state) for a type that cannot be a key.
+    """
+    tp = type(key)
+    if tp is int or tp is str or tp is bytes:
+        try:
+            return _packb(key)  # type: ignore[no-any-return]
+        except (OverflowError, UnicodeEncodeError, ValueError) as exc:
+            raise SerializationError(
+                f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): {exc}",
+                state_name=state_name, type_name=tp.__name__) from None
+    _check_key_parts(key, what, state_name)
+    try:
+        return _packb(key)  # type: ignore[no-any-return]
+    except (OverflowError, UnicodeEncodeError, ValueError) as exc:
+        raise SerializationError(
+            f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): {exc}",
+            state_name=state_name, type_name=tp.__name__) from None
+
+
+def decode_key(data: bytes) -> Any:
+    """Decode canonical key bytes (tuples come back as lists)."""
+    return _unpackb(data, raw=False, strict_map_key=False)
+
+
+def to_stored(value: object, state_name: str) -> Any:
+    """Validate a value and return its stored form (scalar as is, anything else `Packed`).
+
+    Raises SerializationError naming the state and the type when msgpack cannot encode it.
+    """
+    tp = type(value)
+    if tp in _VALUE_SCALARS:
+        if tp is int:
+            if _INT_MIN <= value < _INT_END:  # type: ignore[operator]
+                return value
+        elif tp is str:
+            if value.isascii():  # type: ignore[attr-defined]
+                return value
+            try:
+                value.encode("utf-8")  # type: ignore[attr-defined]
+            except UnicodeEncodeError as exc:
+                raise SerializationError(
+                    f"value of state {state_name!r} is a str that is not valid UTF-8: {exc}",
+                    state_name=state_name, type_name="str") from None
+            return value
+        else:
+            return value
+    try:
+        return Packed(_packb(value, use_bin_type=True))
+    except (TypeError, OverflowError, UnicodeEncodeError, ValueError) as exc:
+        raise SerializationError(
+            f"value of state {state_name!r} cannot be encoded with msgpack "
+            f"({tp.__name__}): {exc}", state_name=state_name, type_name=tp.__name__) from None
+
+
+def from_stored(stored: Any) -> Any:
+    """Return the user value of a stored form (a fresh copy for packed values)."""
+    if type(stored) is Packed:
+        return decode_value(stored)
+    return stored
+
+
+def stored_to_bytes(stored: Any) -> bytes:
+    """Return the msgpack bytes of a stored form (for byte-oriented backends)."""
+    if type(stored) is Packed:
+        return stored  # type: ignore[no-any-return]
+    return _packb(stored)  # type: ignore[no-any-return]
+
+
+def decode_value(data: bytes) -> Any:
+    """Decode msgpack value bytes: arrays become lists; dicts may have int or tuple keys."""
+    try:
+        return _unpackb(data, raw=False, strict_map_key=False)
+    except TypeError:
+        # A map key that is an array cannot be a list (unhashable): decode arrays as tuples,
+        # then turn every array that is not a map key back into a list.
+        return _lists(_unpackb(data, raw=False, strict_map_key=False, use_list=False))
+
+
+def _lists(obj: Any) -> Any:
+    if type(obj) is tuple:
+        return [_lists(x) for x in obj]
+    if type(obj) is dict:
+        return {k: _lists(v) for k, v in obj.items()}
+    return obj
+
+
+_I64 = struct.Struct(">Q")
+
+
+def encode_ordered_i64(value: int) -> bytes:
+    """8 bytes whose unsigned byte order equals the signed order of `value` (sign bit flipped)."""
+    if not (-(2**63) <= value < 2**63):
+        raise SerializationError(f"ordered int64 out of range: {value!r}", type_name="int")
+    return _I64.pack(value + 2**63)
+
+
+def decode_ordered_i64(data: bytes) -> int:
+    """Inverse of `encode_ordered_i64`."""
+    return int(_I64.unpack(data)[0]) - 2**63

@@ -1,0 +1,114 @@
+"""State descriptors: a state's name, kind and functions, declared in `open()`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from asyncstate.errors import ConfigError
+from asyncstate.runtime.requests import StateKind
+
+__all__ = [
+    "AggregateFunction",
+    "AggregatingStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ReducingStateDescriptor",
+    "StateDescriptor",
+    "ValueStateDescriptor",
+]
+
+IN = TypeVar("IN")
+ACC = TypeVar("ACC")
+OUT = TypeVar("OUT")
+
+
+class AggregateFunction(Generic[IN, ACC, OUT]):
+    """Incremental aggregation: `create_accumulator`, `add(value, acc)` returning the new
+    accumulator, `get_result(acc)` and `merge(a, b)`. Accumulators are stored, so they must
+    be msgpack-encodable."""
+
+    def create_accumulator(self) -> ACC:
+        """A fresh, empty accumulator."""
+        raise NotImplementedError(f"{type(self).__name__} must implement create_accumulator()")
+
+    def add(self, value: IN, accumulator: ACC) -> ACC:
+        """Add `value` to `accumulator`; return the new accumulator."""
+        raise NotImplementedError(f"{type(self).__name__} must implement add()")
+
+    def get_result(self, accumulator: ACC) -> OUT:
+        """The result of an accumulator."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_result()")
+
+    def merge(self, a: ACC, b: ACC) -> ACC:
+        """Merge two accumulators."""
+        raise NotImplementedError(f"{type(self).__name__} must implement merge()")
+
+
+class StateDescriptor:
+    """Base of all descriptors: the state's unique name, its kind and TTL config."""
+
+    kind: StateKind
+
+    def __init__(self, name: str, *, ttl: Any = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name", name, "a non-empty str")
+        self.name = name
+        self.ttl_config: Any = None
+        if ttl is not None:
+            self.enable_time_to_live(ttl)
+
+    def enable_time_to_live(self, ttl_config: Any) -> None:
+        """Let entries of this state expire according to `ttl_config` (a StateTtlConfig)."""
+        if ttl_config is None:
+            raise ConfigError("ttl_config", ttl_config, "a StateTtlConfig")
+        self.ttl_config = ttl_config
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class ValueStateDescriptor(StateDescriptor):
+    """Declares a ValueState: one value per key and namespace."""
+
+    kind = StateKind.VALUE
+
+
+class ListStateDescriptor(StateDescriptor):
+    """Declares a ListState: a list of values per key and namespace."""
+
+    kind = StateKind.LIST
+
+
+class MapStateDescriptor(StateDescriptor):
+    """Declares a MapState: a map of user keys to values per key and namespace."""
+
+    kind = StateKind.MAP
+
+
+class ReducingStateDescriptor(StateDescriptor):
+    """Declares a ReducingState folding added values with `reduce_fn(a, b)`."""
+
+    kind = StateKind.REDUCING
+
+    def __init__(self, name: str, reduce_fn: Callable[[Any, Any], Any], *,
+                 ttl: Any = None) -> None:
+        if not callable(reduce_fn):
+            raise ConfigError("reduce_fn", reduce_fn, "a callable taking two values")
+        super().__init__(name, ttl=ttl)
+        self.reduce_fn = reduce_fn
+
+
+class AggregatingStateDescriptor(StateDescriptor):
+    """Declares an AggregatingState driven by an AggregateFunction."""
+
+    kind = StateKind.AGGREGATING
+
+    def __init__(self, name: str, aggregate_function: AggregateFunction[Any, Any, Any], *,
+                 ttl: Any = None) -> None:
+        for method in ("create_accumulator", "add", "get_result"):
+            if not callable(getattr(aggregate_function, method, None)):
+                raise ConfigError("aggregate_function", aggregate_function,
+                                  f"an object with {method}() (see ast.AggregateFunction)")
+        super().__init__(name, ttl=ttl)
+        self.aggregate_function = aggregate_function

@@ -1,0 +1,93 @@
+"""StateIterator: iteration over list or map state, loaded chunk by chunk."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from asyncstate.runtime.future import StateFuture, combine_all, completed_future
+from asyncstate.runtime.requests import IteratorChunk, StateRequestType
+
+if TYPE_CHECKING:
+    from asyncstate.state.base import InternalState
+
+__all__ = ["StateIterator"]
+
+T = TypeVar("T")
+_LOADING = StateRequestType.ITERATOR_LOADING
+
+
+class StateIterator(Generic[T]):
+    """Items of a list or map state. The first chunk is loaded with the request; later
+    chunks (of `AsyncStateConfig.iterator_chunk_size` items) load on demand, within the
+    record that created the iterator."""
+
+    __slots__ = ("_continuation", "_items", "_request_type", "_state")
+
+    def __init__(self, state: InternalState, request_type: StateRequestType,
+                 chunk: IteratorChunk) -> None:
+        self._state = state
+        self._request_type = request_type
+        self._items: list[Any] = chunk.items
+        self._continuation = chunk.continuation
+
+    def __repr__(self) -> str:
+        more = ", more to load" if self._continuation is not None else ""
+        return f"<StateIterator {self._state.name!r} {len(self._items)} loaded{more}>"
+
+    def is_empty(self) -> bool:
+        """True when there are no items at all."""
+        return not self._items and self._continuation is None
+
+    def _load_next(self) -> StateFuture[StateIterator[T]]:
+        state = self._state
+        return state._request(state, _LOADING, (self._request_type, self._continuation)
+                              ).then_apply(self._wrap)
+
+    def _wrap(self, chunk: IteratorChunk) -> StateIterator[T]:
+        return StateIterator(self._state, self._request_type, chunk)
+
+    def on_next(self, fn: Callable[[T], Any]) -> StateFuture[list[Any]]:
+        """Call fn on every item in order; a future of the list of fn's non-None results
+        (a StateFuture returned by fn contributes its value)."""
+        return self._walk(fn, [], False)
+
+    def to_list(self) -> StateFuture[list[T]]:
+        """A future of all items, loading every chunk."""
+        return self._walk(None, [], True)
+
+    def _walk(self, fn: Callable[[T], Any] | None, results: list[Any],
+              keep_all: bool) -> StateFuture[list[Any]]:
+        it: StateIterator[T] = self
+        while True:
+            if fn is None:
+                results.extend(it._items)
+            else:
+                for item in it._items:
+                    r = fn(item)
+                    if r is not None or keep_all:
+                        results.append(r)
+            if it._continuation is None:
+                return _gather(results)
+            nxt = it._load_next()
+            if not nxt.done():
+                return nxt.then_compose(lambda more: more._walk(fn, results, keep_all))
+            it = nxt.result()
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[T]:
+        it: StateIterator[T] = self
+        while True:
+            for item in it._items:
+                yield item
+            if it._continuation is None:
+                return
+            it = await it._load_next()
+
+
+def _gather(results: list[Any]) -> StateFuture[list[Any]]:
+    if not any(type(r) is StateFuture for r in results):
+        return completed_future(results)
+    return combine_all([r if type(r) is StateFuture else completed_future(r) for r in results])

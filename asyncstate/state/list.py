@@ -1,0 +1,53 @@
+"""ListState: a list of values per key and namespace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
+
+from asyncstate.runtime.future import StateFuture
+from asyncstate.runtime.requests import IteratorChunk, StateRequestType
+from asyncstate.serde import to_stored
+from asyncstate.state.base import InternalState
+from asyncstate.state.iterator import StateIterator
+
+__all__ = ["ListState", "stored_list"]
+
+T = TypeVar("T")
+_GET = StateRequestType.LIST_GET
+_ADD = StateRequestType.LIST_ADD
+_UPDATE = StateRequestType.LIST_UPDATE
+_ADD_ALL = StateRequestType.LIST_ADD_ALL
+
+
+def stored_list(values: Iterable[Any], state_name: str, what: str) -> list[Any]:
+    """Stored forms of `values`; rejects str, bytes and mappings, which are not lists."""
+    if isinstance(values, (str, bytes, bytearray, dict)) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} of state {state_name!r} expects a list of values, "
+                        f"got {type(values).__name__}")
+    return [to_stored(v, state_name) for v in values]
+
+
+class ListState(InternalState, Generic[T]):
+    """A list of values per key; appends never read or rewrite the list."""
+
+    __slots__ = ()
+
+    def get(self) -> StateFuture[StateIterator[T]]:
+        """A future of an iterator over the values (empty when unset)."""
+        return self._request(self, _GET, None).then_apply(self._iterator)
+
+    def _iterator(self, chunk: IteratorChunk) -> StateIterator[T]:
+        return StateIterator(self, _GET, chunk)
+
+    def add(self, value: T) -> StateFuture[None]:
+        """Append a value."""
+        return self._request(self, _ADD, to_stored(value, self.name))
+
+    def add_all(self, values: Iterable[T]) -> StateFuture[None]:
+        """Append values in order (an empty list changes nothing)."""
+        return self._request(self, _ADD_ALL, stored_list(values, self.name, "add_all()"))
+
+    def update(self, values: Iterable[T]) -> StateFuture[None]:
+        """Replace the list (an empty list clears it)."""
+        return self._request(self, _UPDATE, stored_list(values, self.name, "update()"))
