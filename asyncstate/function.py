@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from asyncstate.errors import InvalidStateError
 from asyncstate.runtime.requests import StateKind
 from asyncstate.state.base import InternalState
 from asyncstate.state.descriptors import (
@@ -97,7 +96,7 @@ class RuntimeContext:
                 f"state {descriptor.name!r} has a TTL config, but state TTL is not available "
                 "in this version of asyncstate")
         handle = self._backend.register_state(descriptor.name, descriptor.kind)
-        state = _STATE_CLASSES[descriptor.kind](descriptor, self._controller, handle)  # type: ignore[arg-type]
+        state = _STATE_CLASSES[descriptor.kind](descriptor, self._controller, handle)
         self._states[descriptor.name] = state
         return state
 

@@ -33,7 +33,8 @@ def key_group_of_bytes(key_bytes: bytes, max_parallelism: int) -> int:
 
 
 def assign_to_key_group(key: object, max_parallelism: int) -> int:
-    """Key group of `key`: murmur3-32 (seed 0, unsigned) of its canonical bytes mod max_parallelism."""
+    """Key group of `key`: unsigned murmur3-32 (seed 0) of its canonical bytes, modulo
+    `max_parallelism`."""
     check_int("max_parallelism", max_parallelism, 1, MAX_MAX_PARALLELISM)
     return _hash(canonical_key(key), 0, False) % max_parallelism
 

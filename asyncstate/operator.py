@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import structlog
+import mmh3
 
 from asyncstate.backends.base import StateExecutor
 from asyncstate.backends.heap import HeapBackend
@@ -25,16 +26,18 @@ from asyncstate.function import KeyedProcessFunction, RuntimeContext
 from asyncstate.keygroups import (
     KeyGroupRange,
     compute_key_group_range_for_operator_index,
-    key_group_of_bytes,
 )
+from asyncstate.log import get_logger
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
 from asyncstate.serde import canonical_key
 
+_hash = mmh3.hash
+
 __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "KeyedOperator", "run"]
 
-log = structlog.get_logger("asyncstate.operator")
+log = get_logger("asyncstate.operator")
 
 MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
@@ -86,6 +89,8 @@ class KeyedOperator:
         self._driver: UserCodeDriver | None = None
         self._base_vars: contextvars.Context | None = None
         self._outputs: list[Any] = []
+        self._inbox: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self._inbox_posted = False
         self._queued = 0
         self._state = "new"  # new -> open -> closed
         self._watermark = MIN_WATERMARK
@@ -93,6 +98,9 @@ class KeyedOperator:
         self._peak = 0
         self._blocked_seconds = 0.0
         self._process_element = function.process_element
+        self._max_parallelism = config.max_parallelism
+        self._kg_start = self.key_group_range.start
+        self._kg_end = self.key_group_range.end
 
     def __repr__(self) -> str:
         return (f"<KeyedOperator {type(self.function).__name__} {self._state} "
@@ -168,20 +176,23 @@ class KeyedOperator:
     def _prepare(self, record: Any) -> tuple[Any, Any, bytes, int, int | None]:
         key = self._key_selector(record)
         key_bytes = canonical_key(key)
-        key_group = key_group_of_bytes(key_bytes, self.config.max_parallelism)
-        kg_range = self.key_group_range
-        if not (kg_range.start <= key_group <= kg_range.end):
-            raise KeyGroupError(
-                f"key {key!r} belongs to key group {key_group}, outside this operator's key "
-                f"groups {kg_range.start}..{kg_range.end} (operator {self.operator_index} of "
-                f"{self.parallelism}); route records by key group before processing",
-                key_group=key_group)
+        key_group = _hash(key_bytes, 0, False) % self._max_parallelism
+        if not (self._kg_start <= key_group <= self._kg_end):
+            raise self._foreign_key(key, key_group)
         ts = None
         if self._timestamp_selector is not None:
             ts = self._timestamp_selector(record)
             if ts is not None:
                 _check_timestamp("timestamp", ts)
         return (record, key, key_bytes, key_group, ts)
+
+    def _foreign_key(self, key: Any, key_group: int) -> KeyGroupError:
+        kg_range = self.key_group_range
+        return KeyGroupError(
+            f"key {key!r} belongs to key group {key_group}, outside this operator's key "
+            f"groups {kg_range.start}..{kg_range.end} (operator {self.operator_index} of "
+            f"{self.parallelism}); route records by key group before processing",
+            key_group=key_group)
 
     async def process(self, record: Any) -> None:
         """Admit one record, waiting while `max_in_flight` records are in flight.
@@ -201,7 +212,29 @@ class KeyedOperator:
         in_flight = self._queued + controller._in_flight
         if in_flight > self._peak:
             self._peak = in_flight
-        controller.post(self._start, item)
+        # Records wait in the inbox and start from one trampoline job, in arrival order;
+        # events that must follow them (watermarks) go through the inbox too.
+        self._inbox.append((self._start, item))
+        if not self._inbox_posted:
+            self._inbox_posted = True
+            controller.post(self._drain_inbox, None)
+
+    def _drain_inbox(self, _: Any) -> None:
+        inbox = self._inbox
+        popleft = inbox.popleft
+        try:
+            while inbox:
+                fn, arg = popleft()
+                fn(arg)
+        finally:
+            self._inbox_posted = False
+
+    def _post_event(self, fn: Callable[[Any], None], arg: Any) -> None:
+        assert self._controller is not None
+        self._inbox.append((fn, arg))
+        if not self._inbox_posted:
+            self._inbox_posted = True
+            self._controller.post(self._drain_inbox, None)
 
     async def _wait_capacity(self, controller: AsyncExecutionController) -> None:
         limit = self.config.max_in_flight
@@ -215,17 +248,23 @@ class KeyedOperator:
         self._queued -= 1
         controller = self._controller
         assert controller is not None
-        if controller.failure is not None:
+        if controller._failure is not None:
             return
         record, key, key_bytes, key_group, ts = item
-        ctx = controller.build_context(record, key, key_bytes=key_bytes, key_group=key_group,
-                                       timestamp=ts, base_vars=self._base_vars)
+        ctx = RecordContext(record, key, key_bytes, key_group, controller._dispose, ts)
+        ctx.vars = self._base_vars.copy()  # type: ignore[union-attr]
         ctx._owner = self
         controller.start_record(ctx, self._run_record)
 
     def _run_record(self, ctx: RecordContext) -> None:
-        assert self._driver is not None
-        self._driver.run(ctx, self._process_element, ctx.record, ctx)
+        # Runs inside the record's contextvars context with a reference held on ctx.
+        try:
+            result = self._process_element(ctx.record, ctx)
+        except Exception as exc:  # noqa: BLE001 - user code failure fails the run
+            self._controller.fail(exc)  # type: ignore[union-attr]
+            return
+        if result is not None:
+            self._driver.follow(ctx, result, self._process_element)  # type: ignore[union-attr]
 
     def emit(self, value: Any) -> None:
         """Collect an emitted value (called through a record's ctx)."""
@@ -253,7 +292,7 @@ class KeyedOperator:
         controller = self._ready()
         _check_timestamp("watermark", timestamp)
         done = [False]
-        controller.post(self._on_watermark, (timestamp, done))
+        self._post_event(self._on_watermark, (timestamp, done))
         await controller.wait_until(lambda: done[0])
 
     def _on_watermark(self, arg: tuple[int, list[bool]]) -> None:
@@ -284,7 +323,7 @@ class KeyedOperator:
             assert self._controller is not None
             self._controller.epoch_manager.on_non_record(None, lambda: done.__setitem__(0, True))
 
-        controller.post(event, None)
+        self._post_event(event, None)
         await controller.wait_until(lambda: done[0])
 
     def current_watermark(self) -> int:
@@ -320,7 +359,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
         return asyncio.new_event_loop()
-    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return uvloop.new_event_loop()
 
 
 def run(function: KeyedProcessFunction, records: Iterable[Any], *,

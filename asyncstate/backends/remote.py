@@ -8,6 +8,7 @@ trigger order, so results are exactly the inner backend's; only their delivery i
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -124,10 +125,8 @@ class SimulatedRemoteBackend:
             self._slept_count += 1
         binding = self._binding
         if binding is not None and binding.loop is not None and not self._closed:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 binding.loop.call_soon_threadsafe(self._latency_done, call)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
 
     def _latency_done(self, call: _Call) -> None:
         call.latency_done = True

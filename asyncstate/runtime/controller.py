@@ -27,14 +27,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from asyncstate.backends.base import ExecutorBinding, StateExecutor
 from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
 from asyncstate.errors import InvalidStateError
 from asyncstate.keygroups import key_group_of_bytes
+from asyncstate.log import get_logger
 from asyncstate.runtime.buffer import StateRequestBuffer, TimeoutScheduler
-from asyncstate.runtime.context import RecordContext, current_context, set_current_context
+from asyncstate.runtime.context import (
+    _CURRENT,
+    RecordContext,
+    current_context,
+    set_current_context,
+)
 from asyncstate.runtime.epoch import EpochManager
 from asyncstate.runtime.future import StateFuture, completed_future, failed_future
 from asyncstate.runtime.key_accounting import KeyAccountingUnit
@@ -43,7 +47,15 @@ from asyncstate.serde import NONE_BYTES, canonical_key
 
 __all__ = ["AsyncExecutionController"]
 
-log = structlog.get_logger("asyncstate.controller")
+
+_set_current = _CURRENT.set
+
+
+def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> Any:
+    _set_current(ctx)
+    return run(ctx)
+
+log = get_logger("asyncstate.controller")
 
 _SYNC_POINT = StateRequestType.SYNC_POINT
 _current_task = asyncio.current_task
@@ -77,6 +89,7 @@ class AsyncExecutionController:
             if getattr(executor, "completes_at_issue", False) else None)
         self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout, scheduler)
         self._kau = KeyAccountingUnit()
+        self._holders = self._kau._holders  # hot paths read the unit's map directly
         self._epochs = EpochManager()
         self._in_flight = 0
         self._parked: dict[RecordContext, list[StateRequest]] = {}
@@ -155,6 +168,15 @@ class AsyncExecutionController:
         if ctx is None or ctx.finished:
             ctx = self.current()
         ns = NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
+        if ctx.key_occupied and self._immediate is not None:
+            # Hot path of an immediate backend: no request object, no pending future.
+            self.requests += 1
+            try:
+                return completed_future(self._immediate(state, request_type, payload,
+                                                        ctx.key_bytes, ns))
+            except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
+                self.fail(exc)
+                return failed_future(exc)
         return self.issue(ctx, state, request_type, payload, ns)
 
     def namespace_of(self, ctx: RecordContext, state: Any) -> bytes:
@@ -197,11 +219,48 @@ class AsyncExecutionController:
                      allow_overdraft: bool = False) -> None:
         """Start a record: run(ctx) once it is in flight and holds its key (now, if it can).
 
-        The cheap path of a sync point for operators: no future is created.
+        The cheap path of a sync point for operators: when capacity and the key are free,
+        run(ctx) is called at once inside the record's contextvars context (where it becomes
+        the current record), with no future or request created. `run` is called with a
+        reference held on `ctx`.
         """
+        if not ctx.in_flight and not self._parked and (
+                allow_overdraft or self._in_flight < self.max_in_flight):
+            # Hot path, inlined: _enter_flight, EpochManager.on_record, KeyAccountingUnit.occupy.
+            ctx.in_flight = True
+            epochs = self._epochs
+            epoch = epochs._finishing if epochs._finishing is not None else epochs.active_epoch
+            epoch.ongoing_record_count += 1
+            ctx.epoch = epoch
+            self._in_flight += 1
+            if self._in_flight > self.in_flight_peak:
+                self.in_flight_peak = self._in_flight
+            holders = self._holders
+            key = ctx.key_bytes
+            if key not in holders:
+                holders[key] = ctx
+                ctx.key_occupied = True
+                ctx.ref_count += 1
+                ctx.entered = True
+                try:
+                    ctx.vars.run(_enter_and_run, ctx, run)  # type: ignore[union-attr]
+                finally:
+                    ctx.entered = False
+                ctx.ref_count -= 1
+                if ctx.ref_count == 0:
+                    self._dispose(ctx)
+                return
+        # The sync-point future holds a reference while its hook runs.
         fut: StateFuture[Any] = StateFuture(ctx)
-        fut._add_hook(lambda _: run(ctx))
+        fut._add_hook(lambda _: _enter_and_run(ctx, run))
         self._admit(StateRequest(None, _SYNC_POINT, None, NONE_BYTES, ctx, fut), allow_overdraft)
+
+    def new_context(self, record: Any, key: Any, key_bytes: bytes, key_group: int,
+                    timestamp: int | None, base_vars: contextvars.Context) -> RecordContext:
+        """A context for `start_record` (operators): it becomes current when it starts."""
+        ctx = RecordContext(record, key, key_bytes, key_group, self._dispose, timestamp)
+        ctx.vars = base_vars.copy()
+        return ctx
 
     def set_namespace(self, state: Any, namespace: Any) -> None:
         """Set the namespace the current record uses for `state` (None: the default)."""
@@ -314,31 +373,41 @@ class AsyncExecutionController:
     def _dispose(self, ctx: RecordContext) -> None:
         ctx.key_occupied = False
         ctx.finished = True
-        failure = ctx.unobserved_failure()
-        if failure is not None:
-            self.fail(failure)
+        # The context and its contextvars copy refer to each other; breaking the cycle
+        # here frees both by reference counting instead of the cyclic GC.
+        ctx.vars = None
+        if ctx.failures is not None:
+            failure = ctx.unobserved_failure()
+            if failure is not None:
+                self.fail(failure)
         key = ctx.key_bytes
-        self._kau.release(ctx, key)
+        holder = self._holders.pop(key, None)  # KeyAccountingUnit.release, inlined
+        if holder is not ctx:
+            raise InvalidStateError(f"key {ctx.key!r} released by {ctx!r} but held by {holder!r}")
         self._in_flight -= 1
         ctx.in_flight = False
         self.records_done += 1
-        # Hand the key to the next blocked context now, so nobody can jump the queue, and
-        # run its work from the trampoline.
-        nxt = self._buffer.unblock_one_by_key(key)
-        if nxt is not None:
-            holder = nxt.context
-            self._occupy(holder)
-            requests = [nxt]
-            buffer = self._buffer
-            while (following := buffer.peek_blocked(key)) is not None and \
-                    following.context is holder:
-                requests.append(buffer.unblock_one_by_key(key))  # type: ignore[arg-type]
-            self.post(self._activate, requests)
+        buffer = self._buffer
+        if buffer._blocking:
+            # Hand the key to the next blocked context now, so nobody can jump the queue,
+            # and run its work from the trampoline.
+            nxt = buffer.unblock_one_by_key(key)
+            if nxt is not None:
+                holder = nxt.context
+                self._occupy(holder)
+                requests = [nxt]
+                while (following := buffer.peek_blocked(key)) is not None and \
+                        following.context is holder:
+                    requests.append(buffer.unblock_one_by_key(key))  # type: ignore[arg-type]
+                self.post(self._activate, requests)
         if self._parked and self._in_flight < self.max_in_flight:
             self.post(self._admit_parked, None)
-        if ctx.epoch is not None:
-            self._epochs.complete_one_record(ctx.epoch)
-        if not self._running:
+        epoch = ctx.epoch
+        if epoch is not None:
+            epoch.ongoing_record_count -= 1
+            if epoch.ongoing_record_count == 0 and epoch is not self._epochs.active_epoch:
+                self._epochs.try_finish_in_queue()
+        if not self._running and not self._scheduled:
             self._ensure_run()
 
     def _activate(self, requests: list[StateRequest]) -> None:
@@ -450,7 +519,7 @@ class AsyncExecutionController:
             return
         self._failure = exc
         log.debug("controller.failed", error=repr(exc))
-        for predicate, fut in self._waiters:
+        for _, fut in self._waiters:
             if not fut.done():
                 fut.set_exception(exc)
         self._waiters = []

@@ -49,7 +49,7 @@ def _continue(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any,
     while True:
         try:
             yield yielded
-        except BaseException as exc:  # thrown in by the Task (cancellation)
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the Task (cancellation)
             try:
                 yielded = coro.throw(exc)
             except StopIteration as stop:
@@ -78,35 +78,36 @@ class UserCodeDriver:
         self.always_task = always_task
 
     def run(self, ctx: RecordContext, fn: Callable[..., Any], *args: Any) -> None:
-        """Call fn(*args) for `ctx` (inside its contextvars context) and follow its result."""
-        ctx.ref_count += 1
+        """Call fn(*args) for `ctx` and follow its result. The caller runs this inside the
+        record's contextvars context and holds a reference on `ctx` meanwhile."""
         try:
-            try:
-                result = fn(*args)
-            except Exception as exc:  # noqa: BLE001 - user code failure fails the run
-                self._fail(exc)
-                return
-            if result is None:
-                return
-            tp = type(result)
-            if tp is StateFuture:
-                if result._state == _PENDING:
-                    result._add_hook(self._check_result)
-                else:
-                    self._check_result(result)
-            elif tp is _CoroutineType:
-                ctx.ref_count += 1  # the coroutine keeps its record in flight
-                if self.always_task:
-                    self._to_task(ctx, result, None)
-                else:
-                    self._step(ctx, result)
+            result = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - user code failure fails the run
+            self._fail(exc)
+            return
+        if result is not None:
+            self.follow(ctx, result, fn)
+
+    def follow(self, ctx: RecordContext, result: Any, fn: Callable[..., Any]) -> None:
+        """Follow what user code `fn` returned for `ctx`: a StateFuture (its failure fails
+        the run) or a coroutine (stepped until done); anything else is a TypeError."""
+        tp = type(result)
+        if tp is StateFuture:
+            if result._state == _PENDING:
+                result._add_hook(self._check_result)
             else:
-                result_name = getattr(fn, "__qualname__", repr(fn))
-                self._fail(TypeError(
-                    f"{result_name} must return None or a StateFuture, or be an async def; "
-                    f"it returned {tp.__name__}"))
-        finally:
-            ctx.release()
+                self._check_result(result)
+        elif tp is _CoroutineType:
+            ctx.ref_count += 1  # the coroutine keeps its record in flight
+            if self.always_task:
+                self._to_task(ctx, result, None)
+            else:
+                self._step(ctx, result)
+        else:
+            result_name = getattr(fn, "__qualname__", repr(fn))
+            self._fail(TypeError(
+                f"{result_name} must return None or a StateFuture, or be an async def; "
+                f"it returned {tp.__name__}"))
 
     def _check_result(self, fut: StateFuture[Any]) -> None:
         exc = fut.exception()

@@ -70,18 +70,19 @@ _get_running_loop = asyncio.get_running_loop
 class StateFuture(Generic[T]):
     """The future result of a state call; see the module docstring for its semantics."""
 
-    __slots__ = ("_asyncio_future_blocking", "_callbacks", "_ctx", "_exception", "_observed",
-                 "_result", "_state")
+    # Class-level defaults keep construction to the minimum, as asyncio.Future does: a
+    # completed future sets two attributes, a pending one at most two.
+    _state = _PENDING
+    _result: Any = None
+    _exception: BaseException | None = None
+    _callbacks: list[tuple[int, Any, Any]] | None = None
+    _asyncio_future_blocking = False
+    _observed = False
+    _ctx: RecordContext | None = None
 
     def __init__(self, ctx: RecordContext | None = None) -> None:
-        self._state = _PENDING
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        self._callbacks: list[tuple[int, Any, Any]] | None = None
-        self._asyncio_future_blocking = False
-        self._observed = False
-        self._ctx = ctx
         if ctx is not None:
+            self._ctx = ctx
             ctx.ref_count += 1
 
     def __repr__(self) -> str:
@@ -261,7 +262,8 @@ class StateFuture(Generic[T]):
 
     def then_combine(self, other: StateFuture[U], fn: Callable[[T, U], V]) -> StateFuture[V]:
         """A future of fn(result, other's result), once both are done."""
-        if not isinstance(other, StateFuture):
+        checked: object = other
+        if not isinstance(checked, StateFuture):
             return failed_future(TypeError(
                 f"then_combine() expects a StateFuture as other, got {type(other).__name__}"))
         return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
@@ -359,9 +361,12 @@ def _not_a_future(fn: Any, got: object) -> TypeError:
                      f"got {type(got).__name__}")
 
 
+_new = object.__new__
+
+
 def completed_future(value: T) -> StateFuture[T]:
     """A future already completed with `value`."""
-    fut: StateFuture[T] = StateFuture()
+    fut: StateFuture[T] = _new(StateFuture)
     fut._state = _DONE
     fut._result = value
     return fut

@@ -16,8 +16,8 @@ from asyncstate.serde import to_stored
 from asyncstate.state.base import InternalState
 
 if TYPE_CHECKING:
-    from asyncstate.runtime.controller import AsyncExecutionController
     from asyncstate.runtime.context import RecordContext
+    from asyncstate.runtime.controller import AsyncExecutionController
     from asyncstate.state.descriptors import (
         AggregatingStateDescriptor,
         ReducingStateDescriptor,
@@ -34,6 +34,9 @@ _T = StateRequestType
 class _MergingState(InternalState):
     __slots__ = ("_get_type", "_put_type")
 
+    _get_type: StateRequestType
+    _put_type: StateRequestType
+
     def _serialized(self, ctx: RecordContext,
                     step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[Any]:
         """Run step(namespace) after this record's pending add on this state, if any."""
@@ -41,10 +44,8 @@ class _MergingState(InternalState):
         serial = ctx.serial
         prev = None if serial is None else serial.get(self)
         if prev is None or prev.done():
-            fut = step(ns)
-        else:
-            fut = prev.then_compose(lambda _: step(ns))
-        return fut
+            return step(ns)
+        return prev.then_compose(lambda _: step(ns))
 
     def _read(self, ctx: RecordContext, ns: bytes) -> StateFuture[Any]:
         return self._controller.issue(ctx, self, self._get_type, None, ns)

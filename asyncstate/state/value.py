@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from asyncstate.runtime.future import StateFuture
 from asyncstate.runtime.requests import StateRequestType
