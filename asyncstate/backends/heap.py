@@ -23,10 +23,9 @@ __all__ = ["HeapBackend"]
 
 _T = StateRequestType
 Table = dict[tuple[bytes, bytes], Any]
-SnapshotEntry = tuple[str, bytes, bytes, Any]
-"""(state name, key bytes, namespace bytes, data); data per kind: value bytes (value,
-reducing, aggregating), a list of element bytes (list), a list of (user key bytes, value
-bytes) pairs (map)."""
+# A snapshot entry is (state name, key bytes, namespace bytes, data); data per kind: value
+# bytes (value, reducing, aggregating), a list of element bytes (list), a list of (user key
+# bytes, value bytes) pairs (map). See asyncstate/checkpoint/snapshot.py.
 
 _hash32 = mmh3.hash  # keygroups.key_group_of_bytes, inlined in the snapshot loop
 _state_name = operator.itemgetter(0)
@@ -35,6 +34,21 @@ _unpackb = msgpack.unpackb
 # `to_stored` would have); everything else is a scalar, decoded once at restore.
 _PACKED_FIRST_BYTES = frozenset(
     [*range(0x80, 0xA0), 0xC7, 0xC8, 0xC9, *range(0xD4, 0xD9), *range(0xDC, 0xE0)])
+
+
+def _encode_list(stored: list[Any], packb: Callable[[Any], bytes]) -> list[bytes]:
+    return [x if type(x) is Packed else packb(x) for x in stored]
+
+
+def _encode_map(stored: dict[bytes, Any],
+                packb: Callable[[Any], bytes]) -> list[tuple[bytes, bytes]]:
+    return [(uk, v if type(v) is Packed else packb(v)) for uk, v in stored.items()]
+
+
+_ENCODE_CONTAINER: dict[StateKind, Callable[[Any, Callable[[Any], bytes]], Any]] = {
+    StateKind.LIST: _encode_list,
+    StateKind.MAP: _encode_map,
+}
 
 
 def _from_bytes(data: bytes) -> Any:
@@ -118,16 +132,19 @@ class HeapBackend:
         return dict(self._kinds)
 
     def snapshot_key_group(self, key_group: int,
-                           max_parallelism: int | None = None) -> Iterator[SnapshotEntry]:
+                           max_parallelism: int | None = None) -> Iterator[Sequence[Any]]:
         """The entries of one key group (a full pass over the tables: for many key groups
         use `snapshot_key_groups`). `max_parallelism` defaults to the operator's."""
         if max_parallelism is None:
             if self._binding is None:
                 raise InvalidStateError("open() the backend or pass max_parallelism")
             max_parallelism = self._binding.max_parallelism
-        groups = self._group(KeyGroupRange(key_group, key_group), max_parallelism,
-                             strict=False, packed=False)
-        return iter(groups.get(key_group, ()))
+        groups = self._group(KeyGroupRange(key_group, key_group), max_parallelism, strict=False)
+        if key_group not in groups:
+            return iter(())
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=2**31 - 1)
+        unpacker.feed(groups[key_group][1])
+        return iter(list(unpacker))
 
     def snapshot_key_groups(self, key_groups: KeyGroupRange,
                             max_parallelism: int) -> dict[int, tuple[int, bytes]]:
@@ -139,20 +156,19 @@ class HeapBackend:
         tables may change once this returns. Raises KeyGroupError when an entry lies outside
         `key_groups` (it would be missing from the checkpoint).
         """
-        groups = self._group(key_groups, max_parallelism, strict=True, packed=True)
-        return {kg: (len(chunks), b"".join(chunks)) for kg, chunks in groups.items()}
+        return self._group(key_groups, max_parallelism, strict=True)
 
-    def _group(self, key_groups: KeyGroupRange, max_parallelism: int, *, strict: bool,
-               packed: bool) -> dict[int, list[Any]]:
+    def _group(self, key_groups: KeyGroupRange, max_parallelism: int, *,
+               strict: bool) -> dict[int, tuple[int, bytes]]:
         start, n = key_groups.start, len(key_groups)
-        buckets: list[list[Any]] = [[] for _ in range(n)]
+        buckets: list[list[bytes]] = [[] for _ in range(n)]
         # A Packer per call: packers are not shared between threads.
         packb = msgpack.Packer(use_bin_type=True).pack
         hash32 = _hash32
         for name in sorted(self._tables):
-            table = self._tables[name]
             kind = self._kinds[name]
-            for (key_bytes, ns), stored in table.items():
+            encode = _ENCODE_CONTAINER.get(kind)
+            for (key_bytes, ns), stored in self._tables[name].items():
                 i = hash32(key_bytes, 0, False) % max_parallelism - start
                 if not 0 <= i < n:
                     if strict:
@@ -161,16 +177,15 @@ class HeapBackend:
                             f"outside the key groups {start}..{key_groups.end} being "
                             "snapshotted", key_group=i + start)
                     continue
-                if kind is StateKind.LIST:
-                    data: Any = [x if type(x) is Packed else packb(x) for x in stored]
-                elif kind is StateKind.MAP:
-                    data = [(uk, v if type(v) is Packed else packb(v))
-                            for uk, v in stored.items()]
-                else:  # value, reducing, aggregating: one stored value
-                    data = stored if type(stored) is Packed else packb(stored)
-                entry = (name, key_bytes, ns, data)
-                buckets[i].append(packb(entry) if packed else entry)
-        return {i + start: bucket for i, bucket in enumerate(buckets) if bucket}
+                if encode is not None:  # list or map state
+                    data: Any = encode(stored, packb)
+                elif type(stored) is Packed:  # value, reducing, aggregating
+                    data = stored
+                else:
+                    data = packb(stored)
+                buckets[i].append(packb((name, key_bytes, ns, data)))
+        return {i + start: (len(bucket), b"".join(bucket))
+                for i, bucket in enumerate(buckets) if bucket}
 
     def restore_key_group(self, key_group: int, entries: Iterable[Sequence[Any]]) -> None:
         """Store snapshot entries (as produced by `snapshot_key_group`) of one key group,

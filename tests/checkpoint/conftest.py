@@ -1,0 +1,114 @@
+"""Helpers for checkpoint tests: a tiny state object and a model-driven HeapBackend filler."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, ClassVar
+
+import pytest
+
+from asyncstate.backends.heap import HeapBackend
+from asyncstate.keygroups import key_group_of_bytes
+from asyncstate.runtime.requests import StateKind
+from asyncstate.runtime.requests import StateRequestType as T
+from asyncstate.serde import canonical_key, to_stored
+
+
+@dataclasses.dataclass
+class FakeState:
+    """What HeapBackend.execute_one needs of a state: name, kind and the registered handle."""
+
+    name: str
+    kind: StateKind
+    handle: Any
+
+
+class Heap:
+    """A HeapBackend driven through `execute_one`, with readers for comparing against a model.
+
+    The model maps (state name, key, namespace) to a value (value kinds), a list (list
+    state) or a dict (map state).
+    """
+
+    KINDS: ClassVar[dict[str, StateKind]] = {
+        "v": StateKind.VALUE, "l": StateKind.LIST, "m": StateKind.MAP,
+        "r": StateKind.REDUCING, "a": StateKind.AGGREGATING}
+
+    def __init__(self, backend: HeapBackend | None = None) -> None:
+        self.backend = backend if backend is not None else HeapBackend()
+        self.states: dict[str, FakeState] = {}
+
+    def state(self, name: str) -> Any:  # a FakeState standing in for an InternalState
+        st = self.states.get(name)
+        if st is None:
+            kind = self.KINDS[name[0]]
+            st = FakeState(name, kind, self.backend.register_state(name, kind))
+            self.states[name] = st
+        return st
+
+    def put(self, name: str, key: Any, ns: Any, value: Any) -> None:
+        st = self.state(name)
+        kb, nb = canonical_key(key), canonical_key(ns)
+        run = self.backend.execute_one
+        if st.kind is StateKind.LIST:
+            run(st, T.LIST_UPDATE, [to_stored(v, name) for v in value], kb, nb)
+        elif st.kind is StateKind.MAP:
+            run(st, T.CLEAR, None, kb, nb)
+            run(st, T.MAP_PUT_ALL, [(canonical_key(k), to_stored(v, name))
+                                    for k, v in value.items()], kb, nb)
+        else:
+            run(st, T.VALUE_UPDATE, to_stored(value, name), kb, nb)
+
+    def get(self, name: str, key: Any, ns: Any) -> Any:
+        st = self.state(name)
+        kb, nb = canonical_key(key), canonical_key(ns)
+        run = self.backend.execute_one
+        if st.kind is StateKind.LIST:
+            chunk = run(st, T.LIST_GET, None, kb, nb)
+            items = list(chunk.items)
+            while chunk.continuation is not None:
+                chunk = run(st, T.ITERATOR_LOADING, (T.LIST_GET, chunk.continuation), kb, nb)
+                items += chunk.items
+            return items or None
+        if st.kind is StateKind.MAP:
+            chunk = run(st, T.MAP_ITER, None, kb, nb)
+            items = list(chunk.items)
+            while chunk.continuation is not None:
+                chunk = run(st, T.ITERATOR_LOADING, (T.MAP_ITER, chunk.continuation), kb, nb)
+                items += chunk.items
+            return {_hashable(k): v for k, v in items} or None
+        return run(st, T.VALUE_GET, None, kb, nb)
+
+    def count_entries(self, max_parallelism: int) -> dict[int, int]:
+        """Entries per key group (through the public per-key-group snapshot)."""
+        counts = {}
+        for kg in range(max_parallelism):
+            n = sum(1 for _ in self.backend.snapshot_key_group(kg, max_parallelism))
+            if n:
+                counts[kg] = n
+        return counts
+
+
+def _hashable(k: Any) -> Any:
+    return tuple(_hashable(x) for x in k) if isinstance(k, list) else k
+
+
+def key_group(key: Any, max_parallelism: int) -> int:
+    return int(key_group_of_bytes(canonical_key(key), max_parallelism))
+
+
+def normalize(value: Any) -> Any:
+    """What a value reads back as: tuples become lists (dict keys excepted)."""
+    if isinstance(value, (list, tuple)):
+        return [normalize(v) for v in value]
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture(scope="session")
+def ck() -> types.SimpleNamespace:
+    """The helpers of this module: `Heap`, `FakeState`, `key_group`, `normalize`."""
+    return types.SimpleNamespace(Heap=Heap, FakeState=FakeState, key_group=key_group,
+                                 normalize=normalize)
