@@ -6,6 +6,7 @@ the state requests of many keys go to the backend together in batches.
 
 from asyncstate.backends.heap import HeapBackend as HeapBackend
 from asyncstate.backends.remote import SimulatedRemoteBackend as SimulatedRemoteBackend
+from asyncstate.checkpoint.format import checkpoint_path as checkpoint_path
 from asyncstate.clock import ManualClock as ManualClock
 from asyncstate.config import AsyncStateConfig as AsyncStateConfig
 from asyncstate.errors import AsyncStateError as AsyncStateError
@@ -86,6 +87,7 @@ __all__ = [
     "ValueState",
     "ValueStateDescriptor",
     "assign_to_key_group",
+    "checkpoint_path",
     "combine_all",
     "completed_future",
     "completed_void_future",

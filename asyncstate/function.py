@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from asyncstate.checkpoint.operator_state import redistribute_even_split, redistribute_union
+from asyncstate.errors import ConfigError
 from asyncstate.runtime.requests import StateKind
 from asyncstate.state.base import InternalState
 from asyncstate.state.descriptors import (
@@ -18,6 +20,7 @@ from asyncstate.state.descriptors import (
 from asyncstate.state.list import ListState
 from asyncstate.state.map import MapState
 from asyncstate.state.merging import AggregatingState, ReducingState
+from asyncstate.state.operator_state import OperatorListState, RedistributionMode
 from asyncstate.state.value import ValueState
 
 if TYPE_CHECKING:
@@ -73,10 +76,16 @@ _STATE_CLASSES: dict[StateKind, type[InternalState]] = {
 class RuntimeContext:
     """What `open()` receives: declares keyed states bound to this operator."""
 
-    def __init__(self, controller: AsyncExecutionController, backend: Any) -> None:
+    def __init__(self, controller: AsyncExecutionController, backend: Any, *,
+                 parallelism: int = 1, operator_index: int = 0,
+                 restored_operator_state: dict[str, list[list[bytes]]] | None = None) -> None:
         self._controller = controller
         self._backend = backend
         self._states: dict[str, InternalState] = {}
+        self._parallelism = parallelism
+        self._operator_index = operator_index
+        self._restored = restored_operator_state or {}
+        self._operator_states: dict[str, OperatorListState[Any]] = {}
 
     def __repr__(self) -> str:
         return f"<RuntimeContext states={sorted(self._states)}>"
@@ -127,4 +136,34 @@ class RuntimeContext:
     def states(self) -> dict[str, InternalState]:
         """States declared so far, by name."""
         return dict(self._states)
+
+    def _operator_state(self, name: str, mode: RedistributionMode) -> OperatorListState[Any]:
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name", name, "a non-empty str")
+        existing = self._operator_states.get(name)
+        if existing is not None:
+            if existing.mode is not mode:
+                raise ValueError(f"operator state {name!r} is already declared with "
+                                 f"{existing.mode.value} redistribution, not {mode.value}")
+            return existing
+        parts = self._restored.get(name, [])
+        if mode is RedistributionMode.UNION:
+            items = redistribute_union(parts, self._parallelism, self._operator_index)
+        else:
+            items = redistribute_even_split(parts, self._parallelism, self._operator_index)
+        state: OperatorListState[Any] = OperatorListState(name, mode, items)
+        self._operator_states[name] = state
+        return state
+
+    def get_operator_list_state(self, name: str) -> OperatorListState[Any]:
+        """Non-keyed list state of this instance; split evenly over instances on rescale."""
+        return self._operator_state(name, RedistributionMode.SPLIT)
+
+    def get_union_list_state(self, name: str) -> OperatorListState[Any]:
+        """Non-keyed list state whose elements every instance receives on restore."""
+        return self._operator_state(name, RedistributionMode.UNION)
+
+    def operator_state_snapshot(self) -> dict[str, dict[str, Any]]:
+        """Checkpoint form of every operator list state (internal)."""
+        return {name: state.snapshot() for name, state in self._operator_states.items()}
 
