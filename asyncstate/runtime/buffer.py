@@ -124,6 +124,22 @@ class StateRequestBuffer:
         self._blocking_size -= 1
         return request
 
+    def unblock_all_of(self, key: bytes, context: Any) -> list[StateRequest]:
+        """Remove and return every blocked request of `key` issued by `context`, in order
+        (other contexts' requests keep their order)."""
+        queue = self._blocking.get(key)
+        if queue is None:
+            return []
+        mine = [r for r in queue if r.context is context]
+        if mine:
+            rest = deque(r for r in queue if r.context is not context)
+            if rest:
+                self._blocking[key] = rest
+            else:
+                del self._blocking[key]
+            self._blocking_size -= len(mine)
+        return mine
+
     def peek_blocked(self, key: bytes) -> StateRequest | None:
         """The first blocked request of `key` without removing it, or None."""
         queue = self._blocking.get(key)

@@ -90,6 +90,7 @@ class AsyncExecutionController:
         self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout, scheduler)
         self._kau = KeyAccountingUnit()
         self._holders = self._kau._holders  # hot paths read the unit's map directly
+        self._active = self._buffer.active
         self._epochs = EpochManager()
         self._in_flight = 0
         self._parked: dict[RecordContext, list[StateRequest]] = {}
@@ -197,9 +198,8 @@ class AsyncExecutionController:
                     self.fail(exc)
                     return failed_future(exc)
             fut: StateFuture[Any] = StateFuture(ctx)
-            buffer = self._buffer
-            buffer.enqueue_to_active(StateRequest(state, request_type, payload, ns, ctx, fut))
-            if len(buffer.active) >= self.batch_size:
+            self._buffer.enqueue_to_active(StateRequest(state, request_type, payload, ns, ctx, fut))
+            if len(self._active) >= self.batch_size:
                 self._trigger()
             return fut
         fut = StateFuture(ctx)
@@ -224,7 +224,7 @@ class AsyncExecutionController:
         the current record), with no future or request created. `run` is called with a
         reference held on `ctx`.
         """
-        if not ctx.in_flight and not self._parked and (
+        if not ctx.in_flight and ctx.epoch is None and not self._parked and (
                 allow_overdraft or self._in_flight < self.max_in_flight):
             # Hot path, inlined: _enter_flight, EpochManager.on_record, KeyAccountingUnit.occupy.
             ctx.in_flight = True
@@ -273,11 +273,15 @@ class AsyncExecutionController:
     def _admit(self, request: StateRequest, allow_overdraft: bool) -> None:
         ctx = request.context
         if not ctx.in_flight:
+            if ctx.epoch is None:
+                # A context belongs to the epoch of its first request, parked or not.
+                ctx.epoch = self._epochs.on_record()
             parked = self._parked.get(ctx)
             if parked is not None:
                 parked.append(request)
                 return
-            if self._in_flight >= self.max_in_flight and not allow_overdraft:
+            if not allow_overdraft and (self._parked or self._in_flight >= self.max_in_flight):
+                # Parked contexts are admitted first come, first served.
                 self._parked[ctx] = [request]
                 return
             self._enter_flight(ctx)
@@ -288,7 +292,8 @@ class AsyncExecutionController:
 
     def _enter_flight(self, ctx: RecordContext) -> None:
         ctx.in_flight = True
-        ctx.epoch = self._epochs.on_record()
+        if ctx.epoch is None:
+            ctx.epoch = self._epochs.on_record()
         self._in_flight += 1
         if self._in_flight > self.in_flight_peak:
             self.in_flight_peak = self._in_flight
@@ -391,15 +396,13 @@ class AsyncExecutionController:
         if buffer._blocking:
             # Hand the key to the next blocked context now, so nobody can jump the queue,
             # and run its work from the trampoline.
-            nxt = buffer.unblock_one_by_key(key)
+            nxt = buffer.peek_blocked(key)
             if nxt is not None:
+                # The next context takes the key with all its blocked requests, also those
+                # queued behind another context's (it may need them to finish at all).
                 holder = nxt.context
                 self._occupy(holder)
-                requests = [nxt]
-                while (following := buffer.peek_blocked(key)) is not None and \
-                        following.context is holder:
-                    requests.append(buffer.unblock_one_by_key(key))  # type: ignore[arg-type]
-                self.post(self._activate, requests)
+                self.post(self._activate, buffer.unblock_all_of(key, holder))
         if self._parked and self._in_flight < self.max_in_flight:
             self.post(self._admit_parked, None)
         epoch = ctx.epoch

@@ -17,7 +17,7 @@ import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
-from asyncstate.runtime.future import _PENDING, StateFuture
+from asyncstate.runtime.future import _FAILED, _PENDING, StateFuture
 
 if TYPE_CHECKING:
     from asyncstate.runtime.context import RecordContext
@@ -93,10 +93,10 @@ class UserCodeDriver:
         the run) or a coroutine (stepped until done); anything else is a TypeError."""
         tp = type(result)
         if tp is StateFuture:
-            if result._state == _PENDING:
-                result._add_hook(self._check_result)
-            else:
-                self._check_result(result)
+            # A returned chain that fails later without a consumer is an unobserved failure
+            # of its record, which fails the run when the record finishes: no hook needed.
+            if result._state == _FAILED:
+                self._fail(result.exception())  # type: ignore[arg-type]
         elif tp is _CoroutineType:
             ctx.ref_count += 1  # the coroutine keeps its record in flight
             if self.always_task:
@@ -108,11 +108,6 @@ class UserCodeDriver:
             self._fail(TypeError(
                 f"{result_name} must return None or a StateFuture, or be an async def; "
                 f"it returned {tp.__name__}"))
-
-    def _check_result(self, fut: StateFuture[Any]) -> None:
-        exc = fut.exception()
-        if exc is not None:
-            self._fail(exc)
 
     def _step(self, ctx: RecordContext, coro: Coroutine[Any, Any, Any]) -> None:
         try:

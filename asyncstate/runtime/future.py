@@ -112,10 +112,15 @@ class StateFuture(Generic[T]):
     def _finish(self) -> None:
         ctx = self._ctx
         if self._callbacks is not None:
-            if ctx is None or ctx.entered:
+            if ctx is None or ctx.entered or ctx.vars is None:
                 self._run_callbacks()
             else:
-                ctx.run(self._run_callbacks)
+                # RecordContext.run, inlined: callbacks run in the record's contextvars.
+                ctx.entered = True
+                try:
+                    ctx.vars.run(self._run_callbacks)
+                finally:
+                    ctx.entered = False
         if ctx is not None:
             self._ctx = None
             ctx.release()
@@ -124,6 +129,10 @@ class StateFuture(Generic[T]):
         callbacks = self._callbacks
         self._callbacks = None
         assert callbacks is not None
+        if len(callbacks) == 1:
+            kind, fn, target = callbacks[0]
+            self._dispatch(kind, fn, target)
+            return
         for kind, fn, target in callbacks:
             self._dispatch(kind, fn, target)
 
