@@ -1,0 +1,615 @@
+"""Benchmarks of asyncstate: `python scripts/bench.py SCENARIO [--quick]`.
+
+Scenarios and their goals are defined in shared/design/BENCHMARKS.md. Each scenario is one
+function registered with `@scenario(...)`; it runs its arms (time-bounded, best of several
+runs), checks every arm's answer, prints one rich table whose key column is a ratio measured
+in the same run, and writes the raw figures to `bench-results/<scenario>-<timestamp>.json`.
+
+Exit status: 0 when every arm ran and computed the right answer (goal misses are reported in
+the table and the JSON, not in the status: they depend on the machine), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import random
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import asyncstate as ast
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench-results"
+CHUNK = 10_000  # records fed between two deadline checks (and progress refreshes)
+PROGRESS_EVERY_S = 0.5  # rendering from inside a timed arm at most this often
+
+
+# -- the scenario registry ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    run: Callable[[Bench], dict[str, Any]]
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(name: str, summary: str) -> Callable[[Callable[[Bench], dict[str, Any]]],
+                                                  Callable[[Bench], dict[str, Any]]]:
+    """Register a scenario: a function of a Bench returning its JSON-ready result (with an
+    `"ok"` field: every arm ran and checked its answer)."""
+    def register(fn: Callable[[Bench], dict[str, Any]]) -> Callable[[Bench], dict[str, Any]]:
+        if name in SCENARIOS:
+            raise ValueError(f"scenario {name!r} is registered twice")
+        SCENARIOS[name] = Scenario(name, summary, fn)
+        return fn
+    return register
+
+
+# -- what every scenario shares -------------------------------------------------------------
+
+class Bench:
+    """The parsed command line, the console, the loop factory and the progress display."""
+
+    def __init__(self, args: argparse.Namespace, console: Console) -> None:
+        self.args = args
+        self.console = console
+        self.quick: bool = args.quick
+        self.loop_name: str = args.loop
+        self.loop_factory = _loop_factory(args.loop)
+        self.progress: Progress | None = None
+        self._task: Any = None
+        self._last_refresh = 0.0
+
+    def environment(self) -> dict[str, Any]:
+        """Interpreter, loop and machine, as printed above each table and stored in JSON."""
+        env: dict[str, Any] = {
+            "python": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "loop": self.loop_name,
+            "asyncstate": ast.__version__,
+            "cores": os.cpu_count(),
+            "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
+            "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg")
+            else None,
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        }
+        if self.loop_name == "uvloop":
+            env["uvloop"] = importlib.metadata.version("uvloop")
+        return env
+
+    def describe_environment(self) -> str:
+        env = self.environment()
+        loop = env["loop"] + (f" {env['uvloop']}" if "uvloop" in env else "")
+        load = env["load_average_at_start"]
+        return (f"{env['implementation']} {env['python']}, loop {loop}, "
+                f"{env['cores_usable']} of {env['cores']} cores usable, {env['machine']}"
+                + (f", load average {load[0]:.2f}" if load else ""))
+
+    def run_async(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on a fresh event loop of the chosen kind."""
+        with asyncio.Runner(loop_factory=self.loop_factory) as runner:
+            return runner.run(coro)
+
+    # Progress: one bar per scenario counting records over all runs. Rendering happens
+    # outside timed code except from `tick`, which renders at most every PROGRESS_EVERY_S
+    # (auto-refresh is off: a refresh thread would take the GIL during timed runs).
+    def start_progress(self, total: int) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=self.console, auto_refresh=False, transient=True)
+        self.progress.start()
+        self._task = self.progress.add_task("starting", total=total)
+
+    def stop_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def describe(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self._task, description=text, refresh=True)
+
+    def tick(self, records: int) -> None:
+        """Count `records` done; render if the display is stale."""
+        progress = self.progress
+        if progress is None:
+            return
+        progress.advance(self._task, records)
+        now = time.perf_counter()
+        if now - self._last_refresh >= PROGRESS_EVERY_S:
+            self._last_refresh = now
+            progress.refresh()
+
+
+def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    try:
+        import uvloop
+    except ImportError:
+        sys.exit("--loop uvloop needs uvloop installed (pip install uvloop), "
+                 "or run with --loop asyncio")
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One timed run of one arm."""
+
+    records: int  # records processed (fewer than offered when the time bound hit)
+    seconds: float
+    bounded: bool  # stopped by the time bound
+    answer_ok: bool
+    answer_detail: str
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+def best_of(runs: Sequence[RunResult]) -> RunResult | None:
+    """The fastest run with a right answer, if any."""
+    good = [r for r in runs if r.answer_ok]
+    return max(good, key=lambda r: r.rate) if good else None
+
+
+def check_counts(got: dict[Any, int], expected: Counter[Any]) -> tuple[bool, str]:
+    """Compare final counts per key; a short description of the first differences."""
+    if got == expected:
+        return True, f"{len(expected)} keys, {sum(expected.values())} records: counts match"
+    missing = [k for k in expected if k not in got]
+    extra = [k for k in got if k not in expected]
+    wrong = [k for k in expected if k in got and got[k] != expected[k]]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} keys missing (e.g. {missing[0]!r})")
+    if extra:
+        parts.append(f"{len(extra)} unexpected keys (e.g. {extra[0]!r})")
+    if wrong:
+        k = wrong[0]
+        parts.append(f"{len(wrong)} keys wrong (e.g. {k!r}: got {got[k]}, want {expected[k]})")
+    return False, "; ".join(parts)
+
+
+def write_results(name: str, result: dict[str, Any]) -> Path:
+    """Write `result` to bench-results/<name>-<timestamp>.json and return the path."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def fmt_rate(rate: float) -> str:
+    if rate >= 1e6:
+        return f"{rate / 1e6:.2f} M"
+    return f"{rate / 1e3:.0f} K"
+
+
+def run_rounds(bench: Bench, arms: dict[str, Callable[[float], RunResult]], *, repeats: int,
+               max_seconds: float, records: int) -> tuple[dict[str, list[RunResult]],
+                                                          dict[str, str]]:
+    """Run every arm `repeats` times, each run bounded by `max_seconds`.
+
+    An arm is a function of the run's deadline (a `time.perf_counter()` value) that processes
+    up to `records` records, calling `bench.tick` as it goes. Runs go in rounds over all arms
+    (so a slow spell of the machine spreads over the arms instead of hitting one), after one
+    untimed warm-up run per arm of a single chunk. Returns the runs of each arm and the
+    traceback of each arm that crashed (it is not run again).
+    """
+    runs: dict[str, list[RunResult]] = {name: [] for name in arms}
+    errors: dict[str, str] = {}
+    warmup = min(CHUNK, records)
+    bench.start_progress(total=len(arms) * (warmup + repeats * records))
+    try:
+        for round_no in range(-1, repeats):
+            expected = warmup if round_no < 0 else records
+            for name, run in arms.items():
+                if name in errors:
+                    bench.tick(expected)
+                    continue
+                bench.describe(f"{name} " + (f"({round_no + 1}/{repeats})" if round_no >= 0
+                                             else "(warm-up)"))
+                gc.collect()
+                # A deadline already past stops the warm-up after its first chunk.
+                deadline = time.perf_counter() + (max_seconds if round_no >= 0 else 0.0)
+                try:
+                    result = run(deadline)
+                except Exception:  # noqa: BLE001 - report the arm as crashed, keep the others
+                    errors[name] = traceback.format_exc()
+                    bench.tick(expected)
+                    continue
+                bench.tick(expected - result.records)
+                if round_no >= 0:
+                    runs[name].append(result)
+    finally:
+        bench.stop_progress()
+    return runs, errors
+
+
+# -- asyncstate through its public operator API ------------------------------------------
+
+async def run_operator(bench: Bench, function: ast.KeyedProcessFunction,
+                       backend: Any, records: Sequence[Any], deadline: float, *,
+                       config: ast.AsyncStateConfig | None = None,
+                       after: Callable[[ast.KeyedOperator, int], Coroutine[Any, Any, Any]]
+                       | None = None) -> tuple[int, float, dict[str, Any], Any]:
+    """Feed `records` to a KeyedOperator (as `ast.run` does, but through the public
+    `process`), stopping at the first chunk boundary past `deadline`, then drain.
+
+    Returns (records fed, seconds from the first record to the end of the drain, the
+    operator's metrics after the drain, what `after(op, records fed)` returned). `after`
+    runs untimed inside the same operator, e.g. to read the final state back.
+    """
+    op = ast.KeyedOperator(function, key_selector=_identity, backend=backend, config=config)
+    async with op:
+        process = op.process
+        fed = 0
+        n = len(records)
+        tick = bench.tick
+        clock = time.perf_counter
+        started = clock()
+        while fed < n:
+            for record in records[fed:fed + CHUNK]:
+                await process(record)
+            done = min(n, fed + CHUNK) - fed
+            fed += done
+            tick(done)
+            if clock() >= deadline:
+                break
+        await op.drain()
+        seconds = clock() - started
+        metrics = dict(op.metrics)
+        extra = await after(op, fed) if after is not None else None
+    return fed, seconds, metrics, extra
+
+
+def _identity(record: Any) -> Any:
+    return record
+
+
+# -- overhead: keyed counter, no latency ------------------------------------------------------
+
+# The lean pipeline (BENCHMARKS.md): the floor for any design with a future per state
+# request in pure CPython. A minimal future, two per record (read, then write, chained with
+# closures as in the callback style), requests resolved by a flush every 1000 requests; no
+# per-key ordering, no reference counting, no contexts. Without ordering, two reads of one key
+# inside one flush would lose an update: the key order below never repeats a key that soon.
+
+LEAN_FLUSH_EVERY = 1000
+PlainResult = tuple[int, float, dict[Any, Any]]  # records fed, seconds, final counts
+_READ = object()
+
+
+class LeanFuture:
+    __slots__ = ("value", "done", "callbacks")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.callbacks: list[Callable[[Any], Any]] | None = None
+
+    def then(self, fn: Callable[[Any], Any]) -> None:
+        if self.done:
+            fn(self.value)
+        elif self.callbacks is None:
+            self.callbacks = [fn]
+        else:
+            self.callbacks.append(fn)
+
+    def complete(self, value: Any) -> None:
+        self.value = value
+        self.done = True
+        if self.callbacks is not None:
+            for fn in self.callbacks:
+                fn(value)
+
+
+class LeanStore:
+    def __init__(self) -> None:
+        self.data: dict[Any, Any] = {}
+        self.pending: list[tuple[LeanFuture, Any, Any]] = []
+
+    def get(self, key: Any) -> LeanFuture:
+        fut = LeanFuture()
+        self.pending.append((fut, key, _READ))
+        return fut
+
+    def put(self, key: Any, value: Any) -> LeanFuture:
+        fut = LeanFuture()
+        self.pending.append((fut, key, value))
+        return fut
+
+    def flush(self) -> None:
+        # Requests issued by callbacks during the flush go to the next one.
+        batch = self.pending[:]
+        self.pending.clear()
+        data = self.data
+        for fut, key, value in batch:
+            if value is _READ:
+                fut.complete(data.get(key))
+            else:
+                data[key] = value
+                fut.complete(None)
+
+
+def lean_counter(bench: Bench, keys: Sequence[Any], deadline: float) -> PlainResult:
+    store = LeanStore()
+    get, put, flush, pending = store.get, store.put, store.flush, store.pending
+
+    def process(key: Any) -> None:
+        get(key).then(lambda v: put(key, (v or 0) + 1))
+
+    fed, n, clock = 0, len(keys), time.perf_counter
+    started = clock()
+    while fed < n:
+        for key in keys[fed:fed + CHUNK]:
+            process(key)
+            if len(pending) >= LEAN_FLUSH_EVERY:
+                flush()
+        done = min(n, fed + CHUNK) - fed
+        fed += done
+        bench.tick(done)
+        if clock() >= deadline:
+            break
+    while pending:
+        flush()
+    return fed, clock() - started, store.data
+
+
+def dict_counter(bench: Bench, keys: Sequence[Any], deadline: float) -> PlainResult:
+    counts: dict[Any, int] = {}
+    get = counts.get
+    fed, n, clock = 0, len(keys), time.perf_counter
+    started = clock()
+    while fed < n:
+        for key in keys[fed:fed + CHUNK]:
+            counts[key] = get(key, 0) + 1
+        done = min(n, fed + CHUNK) - fed
+        fed += done
+        bench.tick(done)
+        if clock() >= deadline:
+            break
+    return fed, clock() - started, counts
+
+
+# asyncstate counters. Each record is its key. After the timed part the same operator reads
+# every key back (`probing`), so the check covers the state the backend holds; the flag costs
+# one attribute test per record and keeps emits and list appends out of the timed part.
+
+class CallbackCounter(ast.KeyedProcessFunction):
+    probing = False
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    def process_element(self, value: Any, ctx: ast.RecordContext) -> Any:
+        if self.probing:
+            return self.count.value().then_accept(lambda v: ctx.emit((value, v)))
+        return self.count.value().then_compose(lambda v: self.count.update((v or 0) + 1))
+
+
+class AsyncCounter(ast.KeyedProcessFunction):
+    probing = False
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+        if self.probing:
+            ctx.emit((value, await self.count.value()))
+            return
+        await self.count.update((await self.count.value() or 0) + 1)
+
+
+def _probe(function: CallbackCounter | AsyncCounter, keys: Sequence[Any]
+           ) -> Callable[[ast.KeyedOperator, int], Coroutine[Any, Any, Any]]:
+    """Read back the count of every key among the first `fed` records."""
+    async def probe(op: ast.KeyedOperator, fed: int) -> dict[Any, Any]:
+        op.outputs()
+        function.probing = True
+        distinct = list(dict.fromkeys(keys[:fed]))
+        for key in distinct:
+            await op.process(key)
+        await op.drain()
+        outputs = op.outputs()
+        if len(outputs) != len(distinct):
+            raise AssertionError(f"the probe read {len(distinct)} keys back but got "
+                                 f"{len(outputs)} outputs")
+        return {k: v for k, v in outputs if v is not None}
+    return probe
+
+
+def overhead_keys(n_records: int, n_keys: int, seed: int) -> list[int]:
+    """Keys 0..n_keys-1 in a seeded shuffled order, repeated round-robin: each key comes
+    back exactly every n_keys records, so none repeats inside the lean pipeline's flush
+    window (it has no per-key ordering), and a prefix of the stream has known counts."""
+    order = list(range(n_keys))
+    random.Random(seed).shuffle(order)
+    return [order[i % n_keys] for i in range(n_records)]
+
+
+OVERHEAD_GOALS = {  # arm -> minimum ratio to the lean pipeline
+    "heap, callback": 1.0,
+    "heap, async def": 0.8,
+    "batched, callback": 0.35,
+    "batched, async def": 0.35,
+}
+
+
+@scenario("overhead", "keyed counter, no latency: asyncstate vs the lean pipeline")
+def overhead(bench: Bench) -> dict[str, Any]:
+    args = bench.args
+    n_records = args.records or (200_000 if bench.quick else 1_000_000)
+    n_keys = args.keys or (n_records // 10)
+    repeats = args.repeats or (1 if bench.quick else 3)
+    max_seconds = args.max_seconds or (10.0 if bench.quick else 30.0)
+    if n_keys < LEAN_FLUSH_EVERY:
+        sys.exit(f"--keys must be >= {LEAN_FLUSH_EVERY}, got {n_keys}: the lean pipeline has "
+                 f"no per-key ordering, so a key repeating inside one flush of "
+                 f"{LEAN_FLUSH_EVERY} requests would lose updates")
+    if n_records < n_keys:
+        sys.exit(f"--records ({n_records}) must be >= --keys ({n_keys})")
+    keys = overhead_keys(n_records, n_keys, seed=args.seed)
+
+    def asyncstate_arm(make_function: type[CallbackCounter] | type[AsyncCounter],
+                       batched: bool) -> Callable[[float], RunResult]:
+        def run(deadline: float) -> RunResult:
+            function = make_function()
+            backend: Any = ast.HeapBackend()
+            if batched:
+                backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
+            fed, seconds, metrics, counts = bench.run_async(run_operator(
+                bench, function, backend, keys, deadline, after=_probe(function, keys)))
+            ok, detail = check_counts(counts, Counter(keys[:fed]))
+            if batched and not metrics["batches"] > 0:
+                ok, detail = False, f"metrics['batches'] == {metrics['batches']}: not batched"
+            return RunResult(fed, seconds, fed < n_records, ok, detail, metrics)
+        return run
+
+    def plain_arm(fn: Callable[[Bench, Sequence[Any], float], PlainResult]
+                  ) -> Callable[[float], RunResult]:
+        def run(deadline: float) -> RunResult:
+            fed, seconds, counts = fn(bench, keys, deadline)
+            ok, detail = check_counts(counts, Counter(keys[:fed]))
+            return RunResult(fed, seconds, fed < n_records, ok, detail)
+        return run
+
+    arms: dict[str, Callable[[float], RunResult]] = {
+        "plain dict loop": plain_arm(dict_counter),
+        "lean pipeline": plain_arm(lean_counter),
+        "heap, callback": asyncstate_arm(CallbackCounter, batched=False),
+        "heap, async def": asyncstate_arm(AsyncCounter, batched=False),
+        "batched, callback": asyncstate_arm(CallbackCounter, batched=True),
+        "batched, async def": asyncstate_arm(AsyncCounter, batched=True),
+    }
+    params = {"records": n_records, "keys": n_keys, "repeats": repeats,
+              "max_seconds_per_run": max_seconds, "seed": args.seed,
+              "key_order": "seeded shuffle of the keys, repeated round-robin",
+              "lean_flush_every": LEAN_FLUSH_EVERY,
+              "batched_backend": "SimulatedRemoteBackend(HeapBackend(), latency_ms=0)",
+              "config": dataclasses.asdict(ast.AsyncStateConfig())}
+    bench.console.print(f"[bold]overhead[/]: keyed counter, {n_records:,} records over "
+                        f"{n_keys:,} keys, best of {repeats}, at most {max_seconds:g} s per run")
+    bench.console.print(bench.describe_environment())
+
+    runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
+                              records=n_records)
+    lean = best_of(runs["lean pipeline"])
+    table = Table(title=f"overhead: keyed counter, {n_records:,} records / {n_keys:,} keys "
+                        f"(best of {repeats})")
+    for column, justify in (("arm", "left"), ("records/s", "right"), ("ratio to lean", "right"),
+                            ("goal", "right"), ("result", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    arms_json: dict[str, Any] = {}
+    all_ok = True
+    for name in arms:
+        best = best_of(runs[name])
+        goal = OVERHEAD_GOALS.get(name)
+        ratio = best.rate / lean.rate if best is not None and lean is not None else None
+        wrong = [r for r in runs[name] if not r.answer_ok]
+        if name in errors:
+            result_text, passed = "[red]ERROR (traceback below)[/]", False
+        elif wrong:
+            result_text, passed = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]", False
+        elif goal is None:
+            result_text, passed = "answer ok", None
+        elif ratio is None:
+            result_text, passed = "[yellow]no lean figure to compare[/]", None
+        else:
+            passed = ratio >= goal
+            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
+        if name in errors or wrong:
+            all_ok = False
+        if best is not None and best.bounded:
+            result_text += f" (time-bounded: {best.records:,} rec)"
+        table.add_row(
+            name, fmt_rate(best.rate) if best is not None else "-",
+            f"{ratio:.2f}x" if ratio is not None else "-",
+            f">= {goal:.2f}x" if goal is not None else
+            ("reference" if name == "lean pipeline" else "-"),
+            result_text)
+        arms_json[name] = {
+            "best_records_per_s": best.rate if best is not None else None,
+            "ratio_to_lean": ratio, "goal_ratio_to_lean": goal, "goal_passed": passed,
+            "error": errors.get(name),
+            "runs": [dataclasses.asdict(r) | {"records_per_s": r.rate} for r in runs[name]],
+        }
+    bench.console.print(table)
+    for name, tb in errors.items():
+        bench.console.print(f"[red bold]{name} crashed:[/]")
+        bench.console.print(tb, markup=False, highlight=False)
+    return {"scenario": "overhead", "ok": all_ok, "params": params,
+            "environment": bench.environment(), "arms": arms_json}
+
+
+# -- command line ---------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="asyncstate benchmarks (scenarios and goals: shared/design/BENCHMARKS.md)")
+    parser.add_argument("scenario", choices=sorted(SCENARIOS),
+                        help="; ".join(f"{s.name}: {s.summary}" for s in SCENARIOS.values()))
+    parser.add_argument("--quick", action="store_true", help="a smaller run, under 30 s")
+    parser.add_argument("--records", type=_positive_int, default=None,
+                        help="records per run (default: the scenario's)")
+    parser.add_argument("--keys", type=_positive_int, default=None,
+                        help="distinct keys (default: the scenario's)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                        help="event loop for asyncstate arms (default: uvloop)")
+    parser.add_argument("--repeats", type=_positive_int, default=None,
+                        help="runs per arm, the best is reported (default 3, --quick 1)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="time bound per run; the rate covers the records done by then")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the key order")
+    return parser.parse_args(argv)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Quiet library logs (structlog prints every level unless configured).
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    console = Console()
+    bench = Bench(args, console)
+    result = SCENARIOS[args.scenario].run(bench)
+    path = write_results(args.scenario, result)
+    console.print(f"raw figures: {path.relative_to(ROOT)}")
+    if not result["ok"]:
+        console.print("[red bold]some arms crashed or computed a wrong answer[/]")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
