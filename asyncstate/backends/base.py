@@ -15,8 +15,13 @@ per key at a time, and calls `execute_batch` in trigger order. The executor prom
 Payloads and results follow `StateRequestType`: values arrive in stored form
 (`asyncstate.serde.to_stored`) and results are returned as user values (decoded).
 
-An executor that has no I/O to amortize may also be an `ImmediateExecutor`: the controller
-then calls `execute_one` at issue time and completes the future at once.
+An executor that has no I/O to amortize may also be an `ImmediateExecutor` (it sets the class
+attribute ``completes_at_issue = True`` and has `execute_one`): the controller then calls
+`execute_one` at issue time, for records that hold their key, and completes the future at once.
+
+`fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial
+batches are kept back (they grow) instead of being sent early for a waiter; full batches are
+always sent.
 
 The owner (an operator) calls `open` once before the first request and `close` once at the
 end; an executor serves one operator.

@@ -201,6 +201,10 @@ class AsyncExecutionController:
             self._buffer.enqueue_to_active(StateRequest(state, request_type, payload, ns, ctx, fut))
             if len(self._active) >= self.batch_size:
                 self._trigger()
+            elif self._waiters and not self._running and not self._scheduled:
+                # Issued outside the trampoline (from a record's Task) while someone waits
+                # for progress: a trampoline pass sends it, together with its neighbours.
+                self._ensure_run()
             return fut
         fut = StateFuture(ctx)
         self._admit(StateRequest(state, request_type, payload, ns, ctx, fut), False)
@@ -345,7 +349,10 @@ class AsyncExecutionController:
         self._executor.execute_batch(batch)
 
     def _flush(self) -> None:
-        while self._buffer.active:
+        # Send what waits, but while every I/O slot is busy keep a partial batch back: it
+        # grows until a slot frees, and the delivery that frees it runs this again.
+        active = self._buffer.active
+        while active and (len(active) >= self.batch_size or not self._executor.fully_loaded()):
             self._trigger()
 
     def _on_buffer_timeout(self, seq: int) -> None:
