@@ -46,9 +46,11 @@ class KeyedProcessFunction:
     handles one record (plain def returning None or a StateFuture, or `async def`);
     `on_timer(timestamp, ctx)` and `close()` are optional.
 
-    `needs_task`: None (default) detects from the code whether `process_element` uses
-    asyncio APIs that need a current Task from its first line (`asyncio.timeout`,
-    `current_task`, `TaskGroup`); True or False overrides the detection.
+    `needs_task`: None (default) scans `process_element` (and the helpers it names) for
+    asyncio APIs that use the current task and, if found, gives every record a real asyncio
+    Task from its first line; otherwise a record's coroutine runs without a Task until it
+    awaits something other than a state future, with a stand-in current task meanwhile.
+    True or False overrides the scan.
     """
 
     needs_task: bool | None = None

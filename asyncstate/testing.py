@@ -98,7 +98,7 @@ class ManualExecutor:
         """Apply the batch to the store now; hold its results until the test delivers them."""
         if self.closed:
             raise InvalidStateError("execute_batch() called on a closed ManualExecutor")
-        requests = list(batch)
+        requests = batch  # delivered as the very list received (the protocol's rule)
         results: list[Any] | None = []
         error: Exception | None = None
         execute = self.store.execute_one

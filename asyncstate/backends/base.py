@@ -7,8 +7,10 @@ per key at a time, and calls `execute_batch` in trigger order. The executor prom
 1. Requests of one batch take effect in issue (list) order, and batches touching a common
    (state, key, namespace) take effect in trigger order, so a record reads its own writes.
 2. `deliver(batch, results, None)` is called exactly once per batch, on the loop thread, with
-   one result per request (None for writes); or `deliver(batch, None, error)` if the batch
-   failed. It may be called inline from `execute_batch`; the controller copes.
+   the very list object `execute_batch` received and one result per request (None for
+   writes); or `deliver(batch, None, error)` if the batch failed. It may be called inline
+   from `execute_batch`; the controller copes. A batch delivered after the controller
+   closed is ignored (its futures were already failed).
 3. Key encoding and value decoding happen on the loop thread; only GIL-releasing storage
    calls run on pool threads.
 

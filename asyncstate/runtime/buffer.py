@@ -140,6 +140,13 @@ class StateRequestBuffer:
             self._blocking_size -= len(mine)
         return mine
 
+    def drain_blocked(self) -> list[StateRequest]:
+        """Remove and return every blocked request (closing)."""
+        requests = [r for queue in self._blocking.values() for r in queue]
+        self._blocking.clear()
+        self._blocking_size = 0
+        return requests
+
     def peek_blocked(self, key: bytes) -> StateRequest | None:
         """The first blocked request of `key` without removing it, or None."""
         queue = self._blocking.get(key)

@@ -101,6 +101,7 @@ class AsyncExecutionController:
         self._failure: BaseException | None = None
         self._failure_listeners: list[Callable[[BaseException], None]] = []
         self._closed = False
+        self._in_executor: dict[int, list[StateRequest]] = {}
         # metrics
         self.in_flight_peak = 0
         self.records_done = 0
@@ -187,6 +188,8 @@ class AsyncExecutionController:
     def issue(self, ctx: RecordContext, state: Any, request_type: StateRequestType,
               payload: Any, ns: bytes) -> StateFuture[Any]:
         """Issue a request for `ctx` with an explicit namespace (see `handle_request`)."""
+        if self._closed:
+            raise InvalidStateError("state accessed after the operator closed")
         self.requests += 1
         if ctx.key_occupied:
             immediate = self._immediate
@@ -344,6 +347,7 @@ class AsyncExecutionController:
         buffer.advance_seq()
         self.batches += 1
         self.batches_in_executor += 1
+        self._in_executor[id(batch)] = batch
         if len(batch) > self.max_batch_size:
             self.max_batch_size = len(batch)
         self._executor.execute_batch(batch)
@@ -366,6 +370,8 @@ class AsyncExecutionController:
     def _complete_batch(self, outcome: tuple[list[StateRequest], list[Any] | None,
                                              BaseException | None]) -> None:
         batch, results, error = outcome
+        if self._in_executor.pop(id(batch), None) is None:
+            return  # delivered after close: its futures were already failed
         self.batches_in_executor -= 1
         if error is not None or results is None:
             exc = error if error is not None else InvalidStateError("executor delivered no results")
@@ -537,9 +543,29 @@ class AsyncExecutionController:
             listener(exc)
 
     def close(self) -> None:
-        """Cancel the buffer timeout; the executor is closed by its owner."""
+        """Cancel the buffer timeout and fail every request still outstanding (queued,
+        blocked, parked or in the executor) so that nothing waits on them forever. The
+        executor is closed by its owner."""
+        if self._closed:
+            return
         self._closed = True
         self._buffer.close()
+        exc = self._failure if self._failure is not None else InvalidStateError(
+            "the operator closed while this state request was outstanding")
+        requests: list[StateRequest] = list(self._buffer.active)
+        self._buffer.active.clear()
+        for batch in self._in_executor.values():
+            requests.extend(batch)
+        self._in_executor.clear()
+        for parked in self._parked.values():
+            requests.extend(parked)
+        self._parked.clear()
+        requests.extend(self._buffer.drain_blocked())
+        for request in requests:
+            fut = request.future
+            if not fut.done():
+                fut._observed = True
+                fut._fail(exc)
 
     # -- gauges ----------------------------------------------------------------------------
 

@@ -2,12 +2,18 @@
 
 A user function may return None, a StateFuture, or a coroutine (`async def`). Coroutines are
 stepped from loop callbacks, never inside another Task's step, in their record's contextvars
-context. While a coroutine awaits only state futures it needs no asyncio Task: the driver
-resumes it when the future completes. When it awaits anything else (a socket, a sleep, a
-gather) it is handed to a real Task for the rest of its life, so `asyncio.current_task()`,
-`asyncio.timeout` and cancellation behave as in any Task. Functions that need a Task from
-their first line (they call `asyncio.timeout`/`current_task` before awaiting anything else)
-get one from the start: see `needs_task`.
+context.
+
+While a coroutine awaits only state futures it needs no asyncio Task (one per record would
+cost more than the rest of the record): the driver resumes it when the future completes.
+During those steps `asyncio.current_task()` returns the record's `RecordTask`, a stand-in
+that implements the Task cancellation protocol, so `asyncio.timeout`, `TaskGroup` and
+clients that look up the current task before their first await behave as in a Task. The
+first time the coroutine awaits anything else (a socket, a sleep, a gather) it moves into a
+real Task for the rest of its life; the stand-in forwards cancellation to it from then on.
+A function whose code visibly uses such APIs (`needs_task` scans it) gets a real Task per
+record from the start, so `current_task()` is the same object throughout the record;
+`KeyedProcessFunction.needs_task` overrides the scan.
 """
 
 from __future__ import annotations
@@ -22,24 +28,107 @@ from asyncstate.runtime.future import _FAILED, _PENDING, StateFuture
 if TYPE_CHECKING:
     from asyncstate.runtime.context import RecordContext
 
-__all__ = ["UserCodeDriver", "needs_task"]
+__all__ = ["RecordTask", "UserCodeDriver", "needs_task"]
 
-# Names whose use before the first non-state await requires a current asyncio Task.
+# Names whose use suggests code that looks up or cancels the current task.
 _TASK_NAMES = frozenset({"timeout", "timeout_at", "current_task", "TaskGroup", "Timeout"})
+_SCAN_LIMIT = 400  # code objects examined per function, at most
+
 _CoroutineType = types.CoroutineType
+_current_task = asyncio.current_task
+_enter_task = asyncio.tasks._enter_task
+_leave_task = asyncio.tasks._leave_task
 
 
 def needs_task(fn: Callable[..., Any]) -> bool:
-    """True when an `async def` function's code refers to asyncio APIs that need a current
-    Task (`asyncio.timeout`, `current_task`, `TaskGroup`), in itself or nested code."""
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    """True when a function's code refers to asyncio APIs that use the current task
+    (`asyncio.timeout`, `current_task`, `TaskGroup`): in itself, its nested code, and the
+    functions and methods it names (functions of its module, methods of its class),
+    transitively. A false positive only costs speed (a Task per record)."""
+    func = getattr(fn, "__func__", fn)
+    owner = getattr(fn, "__self__", None)
+    owner_type = type(owner) if owner is not None else None
+    code = getattr(func, "__code__", None)
+    namespace = getattr(func, "__globals__", {})
     stack = [code] if code is not None else []
-    while stack:
+    seen: set[types.CodeType] = set()
+    while stack and len(seen) < _SCAN_LIMIT:
         c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
         if _TASK_NAMES.intersection(c.co_names):
             return True
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        for name in c.co_names:
+            target = namespace.get(name)
+            if owner_type is not None and target is None:
+                target = getattr(owner_type, name, None)
+            target = getattr(target, "__func__", target)
+            if isinstance(target, types.FunctionType):
+                stack.append(target.__code__)
     return False
+
+
+class RecordTask:
+    """The current task of a record's coroutine while it runs without an asyncio Task.
+
+    Implements what asyncio's own context managers use: `cancel`, `cancelling`,
+    `uncancel`, `done`, `cancelled`, `get_loop`, `get_name`. A cancel requested while the
+    coroutine waits for a state future is delivered as CancelledError when it resumes (a
+    state future itself cannot be cancelled), as a Task would deliver it.
+    """
+
+    __slots__ = ("_cancel_message", "_cancels", "_ctx", "_done", "_loop", "_must_cancel",
+                 "real")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ctx: RecordContext) -> None:
+        self._loop = loop
+        self._ctx = ctx
+        self._cancels = 0
+        self._must_cancel = False
+        self._cancel_message: Any = None
+        self._done = False
+        self.real: asyncio.Task[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<RecordTask key={self._ctx.key!r} real={self.real!r}>"
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def get_name(self) -> str:
+        return f"asyncstate-record-{self._ctx.key!r}"
+
+    def get_coro(self) -> None:
+        return None
+
+    def done(self) -> bool:
+        return self._done if self.real is None else self.real.done()
+
+    def cancelled(self) -> bool:
+        return False if self.real is None else self.real.cancelled()
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.real is not None:
+            return self.real.cancel(msg)
+        if self._done:
+            return False
+        self._cancels += 1
+        self._must_cancel = True
+        self._cancel_message = msg
+        return True
+
+    def cancelling(self) -> int:
+        return self._cancels + (self.real.cancelling() if self.real is not None else 0)
+
+    def uncancel(self) -> int:
+        if self._cancels > 0:
+            self._cancels -= 1
+            return self._cancels + (self.real.cancelling() if self.real is not None else 0)
+        if self.real is not None:
+            return self.real.uncancel()
+        return 0
 
 
 @types.coroutine
@@ -100,36 +189,62 @@ class UserCodeDriver:
         elif tp is _CoroutineType:
             ctx.ref_count += 1  # the coroutine keeps its record in flight
             if self.always_task:
-                self._to_task(ctx, result, None)
+                self._to_task(ctx, result, None, None)
             else:
-                self._step(ctx, result)
+                self._step(ctx, result, RecordTask(self._loop, ctx))
         else:
             result_name = getattr(fn, "__qualname__", repr(fn))
             self._fail(TypeError(
                 f"{result_name} must return None or a StateFuture, or be an async def; "
                 f"it returned {tp.__name__}"))
 
-    def _step(self, ctx: RecordContext, coro: Coroutine[Any, Any, Any]) -> None:
+    def _step(self, ctx: RecordContext, coro: Coroutine[Any, Any, Any],
+              task: RecordTask) -> None:
+        loop = self._loop
+        outer = _current_task(loop)
+        if outer is not None:  # defensive: never expected, the trampoline runs outside Tasks
+            _leave_task(loop, outer)
+        _enter_task(loop, task)
         try:
-            yielded = coro.send(None)
+            if task._must_cancel:
+                task._must_cancel = False
+                yielded = coro.throw(asyncio.CancelledError(task._cancel_message))
+            else:
+                yielded = coro.send(None)
         except StopIteration:
+            task._done = True
             ctx.release()
             return
         except Exception as exc:  # noqa: BLE001 - user code failure fails the run
-            _hint_needs_task(exc)
+            task._done = True
             self._fail(exc)
             ctx.release()
             return
+        except asyncio.CancelledError as exc:
+            task._done = True
+            self._fail(asyncio.CancelledError(
+                f"the record with key {ctx.key!r} was cancelled: {exc}"))
+            ctx.release()
+            return
+        finally:
+            _leave_task(loop, task)
+            if outer is not None:
+                _enter_task(loop, outer)
         if type(yielded) is StateFuture and yielded._state == _PENDING:
             yielded._asyncio_future_blocking = False
-            yielded._add_hook(lambda _: ctx.run(self._step, ctx, coro))
+            yielded._add_hook(lambda _: ctx.run(self._step, ctx, coro, task))
             return
-        self._to_task(ctx, coro, yielded)
+        self._to_task(ctx, coro, yielded, task)
 
-    def _to_task(self, ctx: RecordContext, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
-        body = _task_body(coro, yielded) if yielded is not None or not self.always_task \
-            else coro
+    def _to_task(self, ctx: RecordContext, coro: Coroutine[Any, Any, Any], yielded: Any,
+                 stand_in: RecordTask | None) -> None:
+        # A fresh coroutine, or one suspended at a bare `yield` (asyncio.sleep(0)), resumes
+        # with send(None) as a Task's first step does; one that yielded a future must first
+        # wait for it, so the Task starts by yielding that future again.
+        body = coro if yielded is None else _task_body(coro, yielded)
         task = self._loop.create_task(body, context=ctx.vars)
+        if stand_in is not None:
+            stand_in.real = task
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._task_done(ctx, t))
 
@@ -142,8 +257,6 @@ class UserCodeDriver:
             else:
                 exc = task.exception()
                 if exc is not None:
-                    if isinstance(exc, Exception):
-                        _hint_needs_task(exc)
                     self._fail(exc)
         finally:
             ctx.release()
@@ -152,9 +265,3 @@ class UserCodeDriver:
         """Cancel the Tasks of records still running (the operator is closing after a failure)."""
         for task in list(self._tasks):
             task.cancel()
-
-
-def _hint_needs_task(exc: BaseException) -> None:
-    if isinstance(exc, RuntimeError) and "inside a task" in str(exc):
-        exc.add_note("asyncstate: this function needs a current asyncio Task from its first "
-                     "line; set `needs_task = True` on the KeyedProcessFunction")

@@ -50,6 +50,15 @@ class _MergingState(InternalState):
     def _read(self, ctx: RecordContext, ns: bytes) -> StateFuture[Any]:
         return self._controller.issue(ctx, self, self._get_type, None, ns)
 
+    def _write_serialized(self, ctx: RecordContext,
+                          step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[None]:
+        fut = self._serialized(ctx, step)
+        if not fut.done():
+            if ctx.serial is None:
+                ctx.serial = {}
+            ctx.serial[self] = fut
+        return fut
+
     def _add_with(self, fold: Callable[[Any], Any]) -> StateFuture[None]:
         ctx = self._controller.current()
         controller = self._controller
@@ -60,12 +69,14 @@ class _MergingState(InternalState):
                                         to_stored(fold(old), self.name), ns)
             return self._read(ctx, ns).then_compose(write)
 
-        fut = self._serialized(ctx, step)
-        if not fut.done():
-            if ctx.serial is None:
-                ctx.serial = {}
-            ctx.serial[self] = fut
-        return fut
+        return self._write_serialized(ctx, step)
+
+    def clear(self) -> StateFuture[None]:
+        """Remove the value for the current key and namespace (after pending adds)."""
+        ctx = self._controller.current()
+        controller = self._controller
+        return self._write_serialized(
+            ctx, lambda ns: controller.issue(ctx, self, _T.CLEAR, None, ns))
 
 
 class ReducingState(_MergingState, Generic[T]):

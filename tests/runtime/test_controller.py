@@ -633,11 +633,13 @@ def test_close_cancels_the_buffer_timeout() -> None:
     scheduler = ManualScheduler()
     h = Harness(batch_size=10, buffer_timeout_ms=100, timeout_scheduler=scheduler)
     h.new_record("r", "k")
-    h.get()
+    read = h.get()
     h.aec.close()
     scheduler.advance(1)
     assert h.executor.pending_batch_num == 0
-    assert h.aec.active_queue_size == 1
+    # Closing fails what was still queued instead of leaving it pending forever.
+    assert h.aec.active_queue_size == 0
+    assert isinstance(read.exception(), ast.InvalidStateError)
 
 
 async def test_buffer_timeout_on_the_running_loop() -> None:
