@@ -36,8 +36,9 @@ _SCAN_LIMIT = 400  # code objects examined per function, at most
 
 _CoroutineType = types.CoroutineType
 _current_task = asyncio.current_task
-_enter_task = asyncio.tasks._enter_task
-_leave_task = asyncio.tasks._leave_task
+# asyncio registers the current task per loop; the stand-in only needs the lookups to work.
+_enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
+_leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
 
 
 def needs_task(fn: Callable[..., Any]) -> bool:
@@ -185,7 +186,7 @@ class UserCodeDriver:
             # A returned chain that fails later without a consumer is an unobserved failure
             # of its record, which fails the run when the record finishes: no hook needed.
             if result._state == _FAILED:
-                self._fail(result.exception())  # type: ignore[arg-type]
+                self._fail(result.exception())
         elif tp is _CoroutineType:
             ctx.ref_count += 1  # the coroutine keeps its record in flight
             if self.always_task:
