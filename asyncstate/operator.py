@@ -429,8 +429,8 @@ async def _run(operator: KeyedOperator, records: Iterable[Any]) -> list[Any]:
         prepare = operator._prepare
         admit = operator._admit
         for record in records:
-            if controller.failure is not None:
-                raise controller.failure
+            if controller._failure is not None:
+                raise controller._failure
             item = prepare(record)
             if operator._queued + controller._in_flight >= limit:
                 await operator._wait_capacity(controller)

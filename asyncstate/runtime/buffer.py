@@ -64,6 +64,12 @@ class StateRequestBuffer:
         if self._scheduler is not None and self._scheduled_seq < self.current_seq:
             self._arm()
 
+    def arm_timeout(self) -> None:
+        """Arm the timeout for the current generation, unless armed already (the controller
+        calls this after appending to `active` itself on its hot path)."""
+        if self._scheduler is not None and self._scheduled_seq < self.current_seq:
+            self._arm()
+
     def _arm(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
@@ -97,6 +103,7 @@ class StateRequestBuffer:
     def enqueue_to_blocking(self, request: StateRequest) -> None:
         """Park a request until its key is free; higher priority goes first, FIFO otherwise."""
         key = request.context.key_bytes
+        request.context.blocked += 1
         queue = self._blocking.get(key)
         if queue is None:
             self._blocking[key] = deque((request,))
@@ -122,6 +129,7 @@ class StateRequestBuffer:
         if not queue:
             del self._blocking[key]
         self._blocking_size -= 1
+        request.context.blocked -= 1
         return request
 
     def unblock_all_of(self, key: bytes, context: Any) -> list[StateRequest]:
@@ -130,19 +138,26 @@ class StateRequestBuffer:
         queue = self._blocking.get(key)
         if queue is None:
             return []
-        mine = [r for r in queue if r.context is context]
-        if mine:
+        mine = []
+        # Usually all of them lead the queue: pop those without scanning the rest.
+        while queue and queue[0].context is context:
+            mine.append(queue.popleft())
+        if context.blocked > len(mine):
+            mine.extend(r for r in queue if r.context is context)
             rest = deque(r for r in queue if r.context is not context)
-            if rest:
-                self._blocking[key] = rest
-            else:
-                del self._blocking[key]
-            self._blocking_size -= len(mine)
+            queue.clear()
+            queue.extend(rest)
+        if not queue:
+            del self._blocking[key]
+        self._blocking_size -= len(mine)
+        context.blocked -= len(mine)
         return mine
 
     def drain_blocked(self) -> list[StateRequest]:
         """Remove and return every blocked request (closing)."""
         requests = [r for queue in self._blocking.values() for r in queue]
+        for r in requests:
+            r.context.blocked = 0
         self._blocking.clear()
         self._blocking_size = 0
         return requests

@@ -44,7 +44,7 @@ class RecordContext:
     while the key is held disposes the context through the controller.
     """
 
-    __slots__ = ("_disposer", "_owner", "entered", "epoch", "failures", "finished",
+    __slots__ = ("_disposer", "_owner", "blocked", "entered", "epoch", "failures", "finished",
                  "in_flight", "key", "key_bytes", "key_group", "key_occupied", "namespaces",
                  "priority", "record", "ref_count", "serial", "time_domain", "timestamp", "vars")
 
@@ -60,6 +60,7 @@ class RecordContext:
         self.in_flight = False
         self.finished = False
         self.entered = False
+        self.blocked = 0  # requests of this context waiting in a blocking queue
         self.epoch: Epoch | None = None
         self.namespaces: dict[Any, bytes] | None = None
         self.failures: list[StateFuture[Any]] | None = None
@@ -94,6 +95,11 @@ class RecordContext:
         if count == 0 and self.key_occupied and self._disposer is not None:
             self._disposer(self)
         return count
+
+    def release_to_zero(self) -> None:
+        """The count just dropped to zero (by an inlined release): dispose if holding the key."""
+        if self.key_occupied and self._disposer is not None:
+            self._disposer(self)
 
     # -- contextvars ---------------------------------------------------------------------
 

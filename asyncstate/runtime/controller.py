@@ -201,8 +201,11 @@ class AsyncExecutionController:
                     self.fail(exc)
                     return failed_future(exc)
             fut: StateFuture[Any] = StateFuture(ctx)
-            self._buffer.enqueue_to_active(StateRequest(state, request_type, payload, ns, ctx, fut))
-            if len(self._active) >= self.batch_size:
+            active = self._active
+            active.append(StateRequest(state, request_type, payload, ns, ctx, fut))
+            if len(active) == 1:
+                self._buffer.arm_timeout()
+            if len(active) >= self.batch_size:
                 self._trigger()
             elif self._waiters and not self._running and not self._scheduled:
                 # Issued outside the trampoline (from a record's Task) while someone waits
@@ -306,11 +309,13 @@ class AsyncExecutionController:
             self.in_flight_peak = self._in_flight
 
     def _occupy(self, ctx: RecordContext) -> bool:
-        # A key with blocked requests is not free, even between a release and the unblock.
-        if self._kau.occupy(ctx, ctx.key_bytes):
-            ctx.key_occupied = True
-            return True
-        return False
+        holders = self._holders  # KeyAccountingUnit.occupy, inlined
+        key = ctx.key_bytes
+        if key in holders:
+            return False
+        holders[key] = ctx
+        ctx.key_occupied = True
+        return True
 
     def _insert_active(self, request: StateRequest) -> None:
         if request.request_type is _SYNC_POINT:

@@ -1,0 +1,929 @@
+"""RocksDBBackend: keyed state in RocksDB (rocksdict), with batches executed off the loop.
+
+Storage layout. Each state has its own column family, ``state:<name>``. The default column
+family holds metadata: each state's kind, and the list sequence counter. Keys are raw bytes::
+
+    key group (2 bytes, big-endian) | key bytes | namespace bytes [| suffix]
+
+Key and namespace bytes are canonical msgpack. Msgpack is self-delimiting, so the
+concatenation is unambiguous, and one (key, namespace) prefix never starts another. The
+suffix is the user key's canonical bytes (map state), an 8-byte big-endian sequence number
+(list state), or empty. Values are msgpack bytes (`asyncstate.serde.stored_to_bytes`).
+
+A batch runs in three phases:
+
+1. Plan (loop thread, inside `execute_batch`): encode keys and put writes into WriteBatches.
+   A point read that follows a write of the same key in the batch is answered from an
+   overlay of the batch's writes. Other point reads are collected per column family.
+2. Read (pool): one multi-get per column family, split over the I/O slots when it is large.
+   Multi-get releases the GIL. The last part to finish wakes the loop once per batch.
+3. Apply (loop thread, one serial lane in trigger order): decode the values read, apply the
+   WriteBatches, run iterations, then deliver the results. An iteration of a (key,
+   namespace) that the batch wrote earlier runs after that write is applied.
+
+A batch's multi-get starts at once, unless it reads a (state, key, namespace) that an
+earlier, unapplied batch writes. In that case it waits until that batch is applied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import struct
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import rocksdict
+
+from asyncstate.backends.base import ExecutorBinding
+from asyncstate.config import check_int
+from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
+from asyncstate.log import get_logger
+from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
+from asyncstate.serde import decode_key, decode_value, from_stored, stored_to_bytes
+
+__all__ = [
+    "DEFAULT_BLOCK_CACHE_BYTES",
+    "DEFAULT_BLOOM_FILTER_BITS",
+    "DEFAULT_INLINE_READ_KEYS",
+    "DEFAULT_IO_PARALLELISM",
+    "DEFAULT_WRITE_BUFFER_BYTES",
+    "RocksDBBackend",
+    "RocksDBOptions",
+]
+
+log = get_logger("asyncstate.backends.rocksdb")
+
+DEFAULT_IO_PARALLELISM = 2
+DEFAULT_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_BLOOM_FILTER_BITS = 10
+DEFAULT_WRITE_BUFFER_BYTES = 64 * 1024 * 1024
+_MIN_WRITE_BUFFER_BYTES = 64 * 1024
+_MAX_IO_PARALLELISM = 64
+# A multi-get part below this size costs more in thread hand-off than it gains in parallelism.
+_MIN_PART_KEYS = 128
+# Reads of up to this many keys run on the loop thread. The measured break-even is ~16: a
+# multi-get costs the loop ~0.65 us per key, while a pool hand-off and wake-up cost ~25-35 us
+# of latency and ~10 us of loop time.
+DEFAULT_INLINE_READ_KEYS = 16
+_RESTORE_BATCH_ENTRIES = 100_000
+
+_CF_PREFIX = "state:"
+_KIND_PREFIX = b"state-kind:"
+_SEQ_KEY = b"list-sequence"
+_SEQ = struct.Struct(">Q")
+
+_T = StateRequestType
+_VALUE_KINDS = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
+
+# Request categories, indexed by request type: the plan dispatches on one small int.
+_GET, _MAP_GET, _MAP_CONTAINS, _PUT, _MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE = range(7)
+_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE, _CLEAR, _ITER, _LOAD, _NONE = range(7, 14)
+_CATEGORY_OF = {
+    _T.CLEAR: _CLEAR, _T.VALUE_GET: _GET, _T.VALUE_UPDATE: _PUT, _T.LIST_GET: _ITER,
+    _T.LIST_ADD: _LIST_ADD, _T.LIST_UPDATE: _LIST_UPDATE, _T.LIST_ADD_ALL: _LIST_ADD_ALL,
+    _T.MAP_GET: _MAP_GET, _T.MAP_CONTAINS: _MAP_CONTAINS, _T.MAP_PUT: _MAP_PUT,
+    _T.MAP_PUT_ALL: _MAP_PUT_ALL, _T.MAP_ITER: _ITER, _T.MAP_ITER_KEY: _ITER,
+    _T.MAP_ITER_VALUE: _ITER, _T.MAP_REMOVE: _MAP_REMOVE, _T.MAP_IS_EMPTY: _ITER,
+    _T.ITERATOR_LOADING: _LOAD, _T.REDUCING_GET: _GET, _T.REDUCING_ADD: _PUT,
+    _T.AGGREGATING_GET: _GET, _T.AGGREGATING_ADD: _PUT,
+}
+_CATEGORY = [_CATEGORY_OF.get(t, _NONE) for t in StateRequestType]
+
+
+# -- options --------------------------------------------------------------------------------
+
+_caches: dict[int, rocksdict.Cache] = {}
+_caches_lock = threading.Lock()
+
+
+def _shared_block_cache(capacity: int) -> rocksdict.Cache:
+    """The process's block cache of `capacity` bytes. It is created on first use, not at
+    import, so a forked Spark worker builds its own."""
+    with _caches_lock:
+        cache = _caches.get(capacity)
+        if cache is None:
+            cache = _caches[capacity] = rocksdict.Cache(capacity)
+        return cache
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RocksDBOptions:
+    """Tuning of a RocksDBBackend's database. Invalid values raise ConfigError.
+
+    block_cache_bytes: capacity of the LRU block cache. Every backend in the process with the
+        same capacity shares one cache. 0 disables the block cache.
+    bloom_filter_bits: bits per key of the full bloom filter, which lets a point read skip
+        SST files that do not hold the key. 0 disables it. Allowed range 0..64.
+    write_buffer_bytes: memtable size per column family (at least 64 KiB).
+    disable_wal: skip RocksDB's write-ahead log (default True). Checkpoints, not the WAL, are
+        what makes state durable: after a crash, a run restarts from its last checkpoint and
+        discards the local database. A WAL would write every batch twice to protect state
+        that is never reused. A clean `close()` still flushes the memtables, so reopening
+        the same directory sees everything written.
+    """
+
+    block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES
+    bloom_filter_bits: int = DEFAULT_BLOOM_FILTER_BITS
+    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
+    disable_wal: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("block_cache_bytes", self.block_cache_bytes, 0)
+        check_int("bloom_filter_bits", self.bloom_filter_bits, 0, 64)
+        check_int("write_buffer_bytes", self.write_buffer_bytes, _MIN_WRITE_BUFFER_BYTES)
+        if type(self.disable_wal) is not bool:
+            raise ConfigError("disable_wal", self.disable_wal, "a bool")
+
+    def to_rocksdict(self) -> tuple[rocksdict.Options, rocksdict.WriteOptions]:
+        """Native options for the database and each column family (raw mode), and the
+        write options used for every write."""
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        options.set_write_buffer_size(self.write_buffer_bytes)
+        table = rocksdict.BlockBasedOptions()
+        if self.block_cache_bytes:
+            table.set_block_cache(_shared_block_cache(self.block_cache_bytes))
+        else:
+            table.disable_cache()
+        if self.bloom_filter_bits:
+            table.set_bloom_filter(self.bloom_filter_bits, False)  # full filter, not per block
+        options.set_block_based_table_factory(table)
+        write = rocksdict.WriteOptions()
+        # The stub declares disable_wal as a method, but at runtime it is a property.
+        write.disable_wal = self.disable_wal  # type: ignore[method-assign,assignment]
+        return options, write
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+def _translate_error(exc: BaseException, path: str) -> BackendError:
+    """Turn a rocksdict failure into a BackendError naming `path`. RocksDB errors arrive as a
+    bare Exception, so the cause can only be read from the message text."""
+    text = str(exc)
+    if "lock hold by current process" in text or "LOCK:" in text:
+        return BackendError(
+            f"RocksDB directory {path!r} is already in use (by this process or another); "
+            f"close the RocksDBBackend that has it open, or use another path "
+            f"(RocksDB said: {text})", path=path)
+    if isinstance(exc, rocksdict.DbClosedError):
+        return BackendError(f"RocksDB database {path!r} is closed", path=path)
+    return BackendError(f"RocksDB failed on {path!r}: {text}", path=path)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key that starts with `prefix` (an exclusive
+    upper bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        raise ValueError(f"prefix {prefix!r} has no upper bound")
+    return stripped[:-1] + bytes((stripped[-1] + 1,))
+
+
+def _fixed_sizes() -> tuple[int, ...]:
+    sizes = [0] * 256
+    for b in itertools.chain(range(0x00, 0x80), range(0xE0, 0x100), (0xC0, 0xC2, 0xC3)):
+        sizes[b] = 1  # fixints, nil, false, true
+    for b in range(0xA0, 0xC0):
+        sizes[b] = 1 + (b & 0x1F)  # fixstr
+    for b, size in ((0xCC, 2), (0xD0, 2), (0xCD, 3), (0xD1, 3), (0xCA, 5), (0xCE, 5),
+                    (0xD2, 5), (0xCB, 9), (0xCF, 9), (0xD3, 9), (0xD4, 3), (0xD5, 4),
+                    (0xD6, 6), (0xD7, 10), (0xD8, 18)):
+        sizes[b] = size
+    return tuple(sizes)
+
+
+_FIXED_SIZES = _fixed_sizes()
+# header byte -> (bytes of the length field, bytes before the payload) for str/bin/ext
+_SIZED = {0xC4: (1, 2), 0xD9: (1, 2), 0xC5: (2, 3), 0xDA: (2, 3), 0xC6: (4, 5), 0xDB: (4, 5),
+          0xC7: (1, 3), 0xC8: (2, 4), 0xC9: (4, 6)}
+# header byte -> (bytes of the count field, objects per counted element) for arrays and maps
+_COUNTED = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
+
+
+def _skip(data: bytes, pos: int) -> int:
+    """Return where the msgpack object that starts at `pos` ends."""
+    b = data[pos]
+    size = _FIXED_SIZES[b]
+    if size:
+        return pos + size
+    if 0x80 <= b <= 0x9F:  # fixmap, fixarray
+        count = (b & 0x0F) * (2 if b < 0x90 else 1)
+        pos += 1
+    elif b in _SIZED:
+        width, header = _SIZED[b]
+        return pos + header + int.from_bytes(data[pos + 1:pos + 1 + width], "big")
+    elif b in _COUNTED:
+        width, per = _COUNTED[b]
+        count = int.from_bytes(data[pos + 1:pos + 1 + width], "big") * per
+        pos += 1 + width
+    else:
+        raise BackendError(f"stored key {data!r} is damaged: byte 0x{b:02x} at offset {pos} "
+                           f"starts no msgpack object")
+    for _ in range(count):
+        pos = _skip(data, pos)
+    return pos
+
+
+def _split_prefix(prefix: bytes) -> tuple[bytes, bytes]:
+    """(key bytes, namespace bytes) of a ``key group | key | namespace`` prefix."""
+    end = _skip(prefix, 2)
+    return prefix[2:end], prefix[end:]
+
+
+# -- handles, cursors, jobs -----------------------------------------------------------------
+
+class _StateHandle:
+    """What `register_state` returns: a state's column family. `close()` drops the
+    references, because a live column family keeps RocksDB's LOCK."""
+
+    __slots__ = ("name", "kind", "cf", "cf_handle")
+
+    def __init__(self, name: str, kind: StateKind, cf: rocksdict.Rdict,
+                 cf_handle: rocksdict.ColumnFamily) -> None:
+        self.name = name
+        self.kind = kind
+        self.cf: rocksdict.Rdict | None = cf  # reads: multi-get, iteration
+        self.cf_handle: rocksdict.ColumnFamily | None = cf_handle  # WriteBatch target
+
+    def __repr__(self) -> str:
+        status = "open" if self.cf is not None else "closed"
+        return f"<RocksDB state {self.name!r} ({self.kind.value}, {status})>"
+
+
+class _Cursor:
+    """Where an iteration stands: a bounded range of one column family. `after` is the last
+    key returned (the next chunk starts after it), or None before the first chunk."""
+
+    __slots__ = ("request_type", "handle", "prefix", "after", "upper")
+
+    def __init__(self, request_type: StateRequestType, handle: _StateHandle, prefix: bytes,
+                 after: bytes | None, upper: bytes) -> None:
+        self.request_type = request_type
+        self.handle = handle
+        self.prefix = prefix
+        self.after = after
+        self.upper = upper
+
+    def __repr__(self) -> str:
+        return f"<RocksDB cursor {self.request_type.name} state={self.handle.name!r}>"
+
+
+class _MapOverlay:
+    """What a batch wrote so far under one map's (key, namespace), for later reads."""
+
+    __slots__ = ("cleared", "entries")
+
+    def __init__(self) -> None:
+        self.cleared = False  # every entry was removed earlier in this batch
+        self.entries: dict[bytes, Any] = {}  # user key bytes -> stored value (None: removed)
+
+
+class _Job:
+    """One batch travelling through the three phases."""
+
+    __slots__ = ("batch", "results", "steps", "reads", "read_prefixes", "writes", "parts",
+                 "raw", "remaining", "lock", "error", "started", "reads_done")
+
+    def __init__(self, batch: list[StateRequest]) -> None:
+        self.batch = batch
+        self.results: list[Any] = [None] * len(batch)
+        # WriteBatches and (index, cursor) iterations, in the order phase 3 runs them
+        self.steps: list[rocksdict.WriteBatch | tuple[int, _Cursor]] = []
+        # handle -> (keys, result slots); a slot ~i means "MAP_CONTAINS of request i"
+        self.reads: dict[_StateHandle, tuple[list[bytes], list[int]]] = {}
+        # (handle, prefix) pairs read; only filled while an earlier batch is unapplied
+        self.read_prefixes: set[tuple[_StateHandle, bytes]] = set()
+        # (handle, prefix) -> WriteBatch segment of the batch's latest write under it
+        self.writes: dict[tuple[_StateHandle, bytes], int] = {}
+        self.parts: list[tuple[_StateHandle, list[bytes], list[int]]] = []
+        self.raw: list[list[bytes | None] | None] = []
+        self.remaining = 0
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.started = False
+        self.reads_done = False
+
+
+def _overlaps(prefixes: set[tuple[_StateHandle, bytes]],
+              writes: dict[tuple[_StateHandle, bytes], int]) -> bool:
+    if len(prefixes) <= len(writes):
+        return any(p in writes for p in prefixes)
+    return any(w in prefixes for w in writes)
+
+
+# -- the backend ----------------------------------------------------------------------------
+
+class RocksDBBackend:
+    """Keyed state in a RocksDB directory. The module docstring describes the layout and
+    how a batch runs.
+
+    `path` is created if missing, and reopening it keeps its states. Only one backend may
+    have a directory open at a time: opening a directory in use raises BackendError.
+    `io_parallelism` is the number of pool threads that run multi-gets. A batch with at
+    most `inline_read_keys` point reads runs them on the loop thread instead, because a
+    thread hand-off costs more than that. 0 sends every read to the pool. `options` is a
+    `RocksDBOptions`.
+    """
+
+    completes_at_issue = False
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 io_parallelism: int = DEFAULT_IO_PARALLELISM,
+                 inline_read_keys: int = DEFAULT_INLINE_READ_KEYS,
+                 options: RocksDBOptions | None = None) -> None:
+        check_int("io_parallelism", io_parallelism, 1, _MAX_IO_PARALLELISM)
+        check_int("inline_read_keys", inline_read_keys, 0)
+        if options is None:
+            options = RocksDBOptions()
+        elif not isinstance(options, RocksDBOptions):
+            raise TypeError(f"options must be a RocksDBOptions, got {type(options).__name__}")
+        self._path = os.path.abspath(os.fspath(path))
+        self._options = options
+        self._io_parallelism = io_parallelism
+        self._inline_read_keys = inline_read_keys
+        db_options, self._write_options = options.to_rocksdict()
+        try:
+            existing = (rocksdict.Rdict.list_cf(self._path)
+                        if os.path.exists(os.path.join(self._path, "CURRENT")) else [])
+            families = {name: options.to_rocksdict()[0]
+                        for name in existing if name.startswith(_CF_PREFIX)}
+            self._db: rocksdict.Rdict | None = rocksdict.Rdict(
+                self._path, db_options, column_families=families or None)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise _translate_error(exc, self._path) from None
+        self._families = set(families)
+        self._handles: dict[str, _StateHandle] = {}
+        self._load_metadata()
+        self._pool = ThreadPoolExecutor(max_workers=io_parallelism,
+                                        thread_name_prefix="asyncstate-rocksdb")
+        self._binding: ExecutorBinding | None = None
+        self._chunk = 1000
+        self._kg_prefix: list[bytes] = []
+        self._lane: deque[_Job] = deque()
+        self._reading = 0  # jobs whose multi-get is waiting or running
+        self._pumping = False
+        self._closed = False
+        log.debug("rocksdb.opened", path=self._path, io_parallelism=io_parallelism,
+                  inline_read_keys=inline_read_keys,
+                  options=dataclasses.asdict(options), states=sorted(self._handles),
+                  list_sequence=self._list_seq)
+
+    def __repr__(self) -> str:
+        status = "closed" if self._closed else f"lane={len(self._lane)} reading={self._reading}"
+        return f"<RocksDBBackend {self._path!r} states={sorted(self._handles)} {status}>"
+
+    def __enter__(self) -> RocksDBBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def path(self) -> str:
+        """Absolute path of the database directory."""
+        return self._path
+
+    def _load_metadata(self) -> None:
+        db = self._db
+        assert db is not None
+        read = rocksdict.ReadOptions()
+        read.set_iterate_lower_bound(_KIND_PREFIX)
+        read.set_iterate_upper_bound(_prefix_end(_KIND_PREFIX))
+        items: Iterator[tuple[bytes, bytes]] = db.items(  # type: ignore[assignment]
+            from_key=_KIND_PREFIX, read_opt=read)
+        for key, value in items:
+            name = key[len(_KIND_PREFIX):].decode()
+            cf_name = _CF_PREFIX + name
+            if cf_name in self._families:
+                self._handles[name] = _StateHandle(
+                    name, StateKind(value.decode()), db.get_column_family(cf_name),
+                    db.get_column_family_handle(cf_name))
+        raw = db.get(_SEQ_KEY)
+        self._list_seq: int = _SEQ.unpack(raw)[0] if raw is not None else 0
+
+    def _live_db(self) -> rocksdict.Rdict:
+        if self._db is None:
+            raise InvalidStateError(f"RocksDBBackend {self._path!r} is closed")
+        return self._db
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        """A storage failure becomes a BackendError naming the path. Other errors pass
+        through unchanged."""
+        if type(exc) is Exception or isinstance(exc, rocksdict.DbClosedError):
+            return _translate_error(exc, self._path)
+        return exc
+
+    # -- StateExecutor ---------------------------------------------------------------------
+
+    def open(self, binding: ExecutorBinding) -> None:
+        """Bind to the operator's loop and delivery callback (once)."""
+        self._live_db()
+        if self._binding is not None:
+            raise InvalidStateError(
+                "this RocksDBBackend is already bound to an operator; "
+                "create one backend per operator")
+        if binding.loop is None:
+            raise InvalidStateError("RocksDBBackend needs the operator's event loop (loop=None)")
+        self._binding = binding
+        self._chunk = binding.iterator_chunk_size
+        self._kg_prefix = [kg.to_bytes(2, "big") for kg in range(binding.max_parallelism)]
+
+    def register_state(self, name: str, kind: StateKind) -> _StateHandle:
+        """Create or open the column family of state `name`. The kind is stored, and
+        registering the name again with another kind raises ValueError, even after the
+        directory is reopened."""
+        db = self._live_db()
+        if type(name) is not str or not name:
+            raise TypeError(f"state name must be a non-empty str, got {name!r}")
+        if not isinstance(kind, StateKind):
+            raise TypeError(f"kind must be a StateKind, got {kind!r}")
+        handle = self._handles.get(name)
+        if handle is not None:
+            if handle.kind is not kind:
+                raise ValueError(
+                    f"state {name!r} is already registered as {handle.kind.value} state (in "
+                    f"{self._path!r}), cannot register it again as {kind.value} state")
+            return handle
+        cf_name = _CF_PREFIX + name
+        try:
+            if cf_name in self._families:
+                cf = db.get_column_family(cf_name)
+            else:
+                cf = db.create_column_family(cf_name, self._options.to_rocksdict()[0])
+                self._families.add(cf_name)
+            db.put(_KIND_PREFIX + name.encode(), kind.value.encode(), self._write_options)
+            handle = _StateHandle(name, kind, cf, db.get_column_family_handle(cf_name))
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise _translate_error(exc, self._path) from None
+        self._handles[name] = handle
+        return handle
+
+    def execute_batch(self, batch: list[StateRequest]) -> None:
+        """Plan the batch now (phase 1), then read and apply it in trigger order."""
+        binding = self._binding
+        if binding is None:
+            raise InvalidStateError("open() the RocksDBBackend before executing batches")
+        if self._closed:
+            binding.deliver(batch, None,
+                            InvalidStateError(f"RocksDBBackend {self._path!r} is closed"))
+            return
+        try:
+            job = self._plan(batch)
+        except Exception as exc:  # noqa: BLE001 - reported through deliver
+            binding.deliver(batch, None, self._failure(exc))
+            return
+        self._lane.append(job)
+        if job.reads:
+            self._reading += 1
+            if not self._blocked(job, len(self._lane) - 1):
+                self._start_reads(job)
+        else:
+            job.reads_done = True
+        self._pump()
+
+    def fully_loaded(self) -> bool:
+        """True while every I/O slot has a batch's multi-get waiting or running."""
+        return self._reading >= self._io_parallelism
+
+    def close(self) -> None:
+        """Wait for running multi-gets, abandon pending batches and release the directory.
+        Calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._lane.clear()
+        # Column family objects keep RocksDB's LOCK even after Rdict.close(): drop every
+        # reference this backend handed out (states and iteration cursors hold handles).
+        for handle in self._handles.values():
+            handle.cf = None
+            handle.cf_handle = None
+        self._handles.clear()
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+                raise _translate_error(exc, self._path) from None
+        log.debug("rocksdb.closed", path=self._path)
+
+    # -- phase 1: plan (loop thread) -------------------------------------------------------
+
+    def _plan(self, batch: list[StateRequest]) -> _Job:
+        job = _Job(batch)
+        results = job.results
+        reads = job.reads
+        writes = job.writes
+        steps = job.steps
+        # Overlay of this batch's writes, for reads that follow them: value-kind states map
+        # (handle, prefix) to the stored value (None: removed); maps keep a _MapOverlay.
+        values: dict[tuple[_StateHandle, bytes], Any] = {}
+        maps: dict[tuple[_StateHandle, bytes], _MapOverlay] = {}
+        # Read prefixes only matter while an earlier batch with writes is still unapplied.
+        track = any(earlier.writes for earlier in self._lane)
+        read_prefixes = job.read_prefixes
+        kg_prefix = self._kg_prefix
+        category = _CATEGORY
+        wb: rocksdict.WriteBatch | None = None
+        segment = 0
+        seq_start = self._list_seq
+        for i, request in enumerate(batch):
+            cat = category[request.request_type]
+            if cat == _LOAD:
+                cursor: _Cursor = request.payload[1]
+                handle = cursor.handle
+                prefix = cursor.prefix
+            elif cat == _NONE:
+                raise ValueError(f"RocksDBBackend cannot execute {request.request_type.name}")
+            else:
+                handle = request.state.handle  # type: ignore[union-attr]
+                ctx = request.context
+                prefix = kg_prefix[ctx.key_group] + ctx.key_bytes + request.namespace
+            if cat <= _MAP_CONTAINS:
+                if cat == _GET:
+                    key = prefix
+                    if values and (handle, prefix) in values:
+                        results[i] = from_stored(values[(handle, prefix)])
+                        continue
+                else:
+                    user_key = request.payload
+                    key = prefix + user_key
+                    overlay = maps.get((handle, prefix)) if maps else None
+                    if overlay is not None and (overlay.cleared or user_key in overlay.entries):
+                        stored = overlay.entries.get(user_key)
+                        results[i] = (stored is not None) if cat == _MAP_CONTAINS \
+                            else from_stored(stored)
+                        continue
+                entry = reads.get(handle)
+                if entry is None:
+                    entry = reads[handle] = ([], [])
+                entry[0].append(key)
+                entry[1].append(~i if cat == _MAP_CONTAINS else i)
+                if track:
+                    read_prefixes.add((handle, prefix))
+                continue
+            if cat >= _ITER:
+                if cat == _ITER:
+                    t = request.request_type
+                    # A list iteration never reaches elements appended after it started.
+                    upper = prefix + _SEQ.pack(self._list_seq) if t is _T.LIST_GET \
+                        else _prefix_end(prefix)
+                    cursor = _Cursor(t, handle, prefix, None, upper)
+                if wb is not None and writes.get((handle, prefix)) == segment:
+                    steps.append(wb)  # this iteration must see the batch's writes so far
+                    wb = None
+                    segment += 1
+                steps.append((i, cursor))
+                continue
+            # writes
+            if wb is None:
+                wb = rocksdict.WriteBatch(raw_mode=True)
+            pair = (handle, prefix)
+            writes[pair] = segment
+            cf = handle.cf_handle
+            payload = request.payload
+            if cat == _PUT:
+                if payload is None:
+                    wb.delete(prefix, cf)
+                else:
+                    wb.put(prefix, stored_to_bytes(payload), cf)
+                values[pair] = payload
+            elif cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
+                overlay = maps.get(pair)
+                if overlay is None:
+                    overlay = maps[pair] = _MapOverlay()
+                entries = overlay.entries
+                if cat == _MAP_REMOVE:
+                    wb.delete(prefix + payload, cf)
+                    entries[payload] = None
+                    continue
+                for user_key, value in ((payload,) if cat == _MAP_PUT else payload):
+                    if value is None:
+                        wb.delete(prefix + user_key, cf)
+                    else:
+                        wb.put(prefix + user_key, stored_to_bytes(value), cf)
+                    entries[user_key] = value
+            elif cat in (_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE):
+                if cat == _LIST_UPDATE:
+                    wb.delete_range(prefix, _prefix_end(prefix), cf)
+                seq = self._list_seq
+                for value in ((payload,) if cat == _LIST_ADD else payload):
+                    wb.put(prefix + _SEQ.pack(seq), stored_to_bytes(value), cf)
+                    seq += 1
+                self._list_seq = seq
+            else:  # _CLEAR
+                kind = handle.kind
+                if kind in _VALUE_KINDS:
+                    wb.delete(prefix, cf)
+                    values[pair] = None
+                else:
+                    wb.delete_range(prefix, _prefix_end(prefix), cf)
+                    if kind is StateKind.MAP:
+                        overlay = maps[pair] = _MapOverlay()
+                        overlay.cleared = True
+        if self._list_seq != seq_start:
+            if wb is None:
+                wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.put(_SEQ_KEY, _SEQ.pack(self._list_seq))  # default column family: metadata
+        if wb is not None:
+            steps.append(wb)
+        return job
+
+    # -- phase 2: read (pool) --------------------------------------------------------------
+
+    def _blocked(self, job: _Job, position: int) -> bool:
+        """True if an earlier unapplied batch writes a prefix that `job` reads."""
+        for earlier in itertools.islice(self._lane, position):
+            if earlier.writes and _overlaps(job.read_prefixes, earlier.writes):
+                return True
+        return False
+
+    def _start_reads(self, job: _Job) -> None:
+        job.started = True
+        parts = job.parts
+        if sum(len(keys) for keys, _slots in job.reads.values()) <= self._inline_read_keys:
+            for handle, (keys, slots) in job.reads.items():
+                parts.append((handle, keys, slots))
+            try:
+                job.raw = [handle.cf.get(keys)  # type: ignore[union-attr,arg-type]
+                           for handle, keys, _slots in parts]
+            except Exception as exc:  # noqa: BLE001 - phase 3 delivers it
+                job.error = exc
+            job.reads_done = True
+            self._reading -= 1
+            return
+        for handle, (keys, slots) in job.reads.items():
+            n = len(keys)
+            count = min(self._io_parallelism, max(1, n // _MIN_PART_KEYS))
+            if count == 1:
+                parts.append((handle, keys, slots))
+                continue
+            step = -(-n // count)
+            for start in range(0, n, step):
+                parts.append((handle, keys[start:start + step], slots[start:start + step]))
+        job.raw = [None] * len(parts)
+        job.remaining = len(parts)
+        for index, (handle, keys, _slots) in enumerate(parts):
+            self._pool.submit(self._read_part, job, index, handle, keys)
+
+    def _read_part(self, job: _Job, index: int, handle: _StateHandle, keys: list[bytes]) -> None:
+        """Pool thread: one multi-get (GIL released inside rocksdict)."""
+        try:
+            cf = handle.cf
+            if cf is None:
+                raise InvalidStateError(f"RocksDBBackend {self._path!r} is closed")
+            job.raw[index] = cf.get(keys)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - phase 3 delivers it
+            job.error = exc
+        with job.lock:
+            job.remaining -= 1
+            last = job.remaining == 0
+        if last:
+            loop = self._binding.loop  # type: ignore[union-attr]
+            # A closed loop raises RuntimeError: nobody waits for this batch any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_reads_done, job)  # type: ignore[union-attr]
+
+    def _on_reads_done(self, job: _Job) -> None:
+        if self._closed:
+            return
+        job.reads_done = True
+        self._reading -= 1
+        self._pump()
+
+    # -- phase 3: apply (loop thread, serial lane) -----------------------------------------
+
+    def _pump(self) -> None:
+        """Apply and deliver finished batches from the head of the lane, in trigger order.
+        One pump at a time: a batch triggered from inside a delivery just joins the lane."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            lane = self._lane
+            deliver = self._binding.deliver  # type: ignore[union-attr]
+            while lane and lane[0].reads_done and not self._closed:
+                job = lane.popleft()
+                try:
+                    results = self._apply(job)
+                except Exception as exc:  # noqa: BLE001 - reported through deliver
+                    deliver(job.batch, None, self._failure(exc))
+                else:
+                    deliver(job.batch, results, None)
+                for position, waiting in enumerate(lane):
+                    if not waiting.started and not waiting.reads_done \
+                            and not self._blocked(waiting, position):
+                        self._start_reads(waiting)
+        finally:
+            self._pumping = False
+
+    def _apply(self, job: _Job) -> list[Any]:
+        if job.error is not None:
+            raise job.error
+        results = job.results
+        for (_handle, _keys, slots), values in zip(job.parts, job.raw, strict=True):
+            for slot, raw in zip(slots, values, strict=True):  # type: ignore[arg-type]
+                if slot >= 0:
+                    results[slot] = None if raw is None else decode_value(raw)
+                else:
+                    results[~slot] = raw is not None
+        db = self._live_db()
+        write_options = self._write_options
+        for step in job.steps:
+            if type(step) is tuple:
+                index, cursor = step
+                results[index] = self._load(cursor)
+            else:
+                db.write(step, write_options)  # type: ignore[arg-type]
+        return results
+
+    def _load(self, cursor: _Cursor) -> Any:
+        """One chunk of an iteration, or the answer of MAP_IS_EMPTY. No iterator outlives
+        this call: a live iterator would keep RocksDB's LOCK after close()."""
+        cf = cursor.handle.cf
+        if cf is None:
+            raise InvalidStateError(f"RocksDBBackend {self._path!r} is closed")
+        lower = cursor.prefix if cursor.after is None else cursor.after + b"\x00"
+        read = rocksdict.ReadOptions()
+        read.set_iterate_lower_bound(lower)
+        read.set_iterate_upper_bound(cursor.upper)
+        t = cursor.request_type
+        if t is _T.MAP_IS_EMPTY:
+            it = cf.iter(read)
+            it.seek(lower)
+            empty = not it.valid()
+            del it
+            return empty
+        chunk = self._chunk
+        items: Iterator[tuple[bytes, bytes]] = cf.items(  # type: ignore[assignment]
+            from_key=lower, read_opt=read)
+        entries = list(itertools.islice(items, chunk + 1))
+        del items
+        continuation = None
+        if len(entries) > chunk:
+            del entries[chunk:]
+            continuation = _Cursor(t, cursor.handle, cursor.prefix, entries[-1][0],
+                                   cursor.upper)
+        skip = len(cursor.prefix)
+        if t is _T.LIST_GET or t is _T.MAP_ITER_VALUE:
+            decoded: list[Any] = [decode_value(v) for _k, v in entries]
+        elif t is _T.MAP_ITER:
+            decoded = [(decode_key(k[skip:]), decode_value(v)) for k, v in entries]
+        else:
+            decoded = [decode_key(k[skip:]) for k, _v in entries]
+        return IteratorChunk(decoded, continuation)
+
+    # -- snapshots and restore (call while no batch is in flight) --------------------------
+
+    def registered_states(self) -> dict[str, StateKind]:
+        """Name and kind of every state known to the database (registered, or stored by an
+        earlier run in this directory)."""
+        return {name: handle.kind for name, handle in sorted(self._handles.items())}
+
+    def snapshot_key_group(self, key_group: int) -> Iterator[tuple[str, bytes, bytes, Any]]:
+        """Every (state name, key bytes, namespace bytes, data) of `key_group`. `data` is the
+        value's msgpack bytes (value, reducing, aggregating), the list of element bytes in
+        order (list), or the list of (user key bytes, value bytes) (map).
+
+        The key group is read completely before this returns. All writes happen on the loop
+        thread, so the result is one consistent view. No iterator or snapshot is kept, so
+        `close()` always releases the directory."""
+        self._live_db()
+        lower = key_group.to_bytes(2, "big")
+        upper = (key_group + 1).to_bytes(2, "big")
+        loaded = []
+        for name, handle in sorted(self._handles.items()):
+            read = rocksdict.ReadOptions()
+            read.set_iterate_lower_bound(lower)
+            read.set_iterate_upper_bound(upper)
+            items = list(handle.cf.items(from_key=lower, read_opt=read))  # type: ignore[union-attr]
+            if items:
+                loaded.append((name, handle.kind, items))
+        return self._snapshot_entries(loaded)
+
+    @staticmethod
+    def _snapshot_entries(loaded: list[tuple[str, StateKind, list[tuple[bytes, bytes]]]]
+                          ) -> Iterator[tuple[str, bytes, bytes, Any]]:
+        fixed = _FIXED_SIZES
+        for name, kind, items in loaded:
+            if kind is StateKind.LIST:
+                prefix = b""
+                values: list[bytes] = []
+                for key, value in items:
+                    if key[:-8] != prefix:
+                        if values:
+                            yield (name, *_split_prefix(prefix), values)
+                        prefix, values = key[:-8], []
+                    values.append(value)
+                if values:
+                    yield (name, *_split_prefix(prefix), values)
+            elif kind is StateKind.MAP:
+                prefix = b"\xff"  # starts no key (key groups are < 0x8000)
+                entries: list[tuple[bytes, bytes]] = []
+                skip = 0
+                for key, value in items:
+                    # msgpack is prefix-free: a key that starts with the previous prefix
+                    # belongs to the same (key, namespace).
+                    if not key.startswith(prefix):
+                        if entries:
+                            yield (name, *_split_prefix(prefix), entries)
+                        skip = _skip(key, _skip(key, 2))
+                        prefix, entries = key[:skip], []
+                    entries.append((key[skip:], value))
+                if entries:
+                    yield (name, *_split_prefix(prefix), entries)
+            else:
+                for key, value in items:
+                    size = fixed[key[2]]
+                    end = 2 + size if size else _skip(key, 2)
+                    yield (name, key[2:end], key[end:], value)
+
+    def restore_key_group(self, key_group: int,
+                          entries: Iterable[Sequence[Any]]) -> None:
+        """Store entries of `key_group` in the shape `snapshot_key_group` yields, replacing
+        what the backend holds for each (state, key, namespace) they name, as HeapBackend
+        does. The states must be registered first: an unknown state raises KeyError. List
+        elements get fresh sequence numbers."""
+        db = self._live_db()
+        lower = key_group.to_bytes(2, "big")
+        upper = (key_group + 1).to_bytes(2, "big")
+        handles = self._handles
+        # 1. Only a state that already holds data in this key group needs a list or map
+        #    cleared before it is written: a fresh database takes no range tombstones.
+        occupied = set()
+        for name, existing in handles.items():
+            read = rocksdict.ReadOptions()
+            read.set_iterate_lower_bound(lower)
+            read.set_iterate_upper_bound(upper)
+            keys = existing.cf.keys(from_key=lower, read_opt=read)  # type: ignore[union-attr]
+            if next(keys, None) is not None:
+                occupied.add(name)
+            del keys
+        # 2. Write through WriteBatches of bounded size.
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        pack = _SEQ.pack
+        seq = self._list_seq
+        pending = 0
+        try:
+            for name, key_bytes, namespace, data in entries:
+                handle = handles.get(name)
+                if handle is None:
+                    raise KeyError(f"state {name!r} of key group {key_group} is not registered; "
+                                   f"call register_state({name!r}, kind) before restoring it")
+                prefix = lower + key_bytes + namespace
+                cf = handle.cf_handle
+                kind = handle.kind
+                if kind is StateKind.LIST or kind is StateKind.MAP:
+                    if type(data) is not list and type(data) is not tuple:
+                        raise CheckpointError(
+                            f"state {name!r} ({kind.value}) of key group {key_group} needs a "
+                            f"list of entries, got {type(data).__name__}")
+                    if name in occupied:
+                        wb.delete_range(prefix, _prefix_end(prefix), cf)
+                    if kind is StateKind.LIST:
+                        for value in data:
+                            wb.put(prefix + pack(seq), value, cf)
+                            seq += 1
+                    else:
+                        for user_key, value in data:
+                            wb.put(prefix + user_key, value, cf)
+                    pending += len(data)
+                else:
+                    if type(data) is not bytes:
+                        raise CheckpointError(
+                            f"state {name!r} ({kind.value}) of key group {key_group} needs "
+                            f"msgpack bytes, got {type(data).__name__}")
+                    wb.put(prefix, data, cf)
+                    pending += 1
+                if pending >= _RESTORE_BATCH_ENTRIES:
+                    self._list_seq = seq
+                    db.write(wb, self._write_options)
+                    wb = rocksdict.WriteBatch(raw_mode=True)
+                    pending = 0
+            self._list_seq = seq
+            wb.put(_SEQ_KEY, pack(seq))
+            db.write(wb, self._write_options)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise self._failure(exc) from None
+
+    def list_sequence(self) -> int:
+        """The next list element sequence number (for checkpoints)."""
+        return self._list_seq
+
+    def set_list_sequence(self, value: int) -> None:
+        """Raise the list sequence counter to at least `value`, and store it."""
+        check_int("list_sequence", value, 0, 2**64 - 1)
+        db = self._live_db()
+        if value > self._list_seq:
+            self._list_seq = value
+            try:
+                db.put(_SEQ_KEY, _SEQ.pack(value), self._write_options)
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+                raise _translate_error(exc, self._path) from None
