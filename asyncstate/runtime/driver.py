@@ -23,7 +23,7 @@ import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
-from asyncstate.runtime.future import _FAILED, _PENDING, StateFuture
+from asyncstate.runtime.future import _CALL, _FAILED, _PENDING, StateFuture
 
 if TYPE_CHECKING:
     from asyncstate.runtime.context import RecordContext
@@ -80,12 +80,15 @@ class RecordTask:
     state future itself cannot be cancelled), as a Task would deliver it.
     """
 
-    __slots__ = ("_cancel_message", "_cancels", "_ctx", "_done", "_loop", "_must_cancel",
-                 "real")
+    __slots__ = ("_cancel_message", "_cancels", "_coro", "_ctx", "_done", "_driver", "_loop",
+                 "_must_cancel", "real")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ctx: RecordContext) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ctx: RecordContext,
+                 driver: UserCodeDriver, coro: Coroutine[Any, Any, Any]) -> None:
         self._loop = loop
         self._ctx = ctx
+        self._driver = driver
+        self._coro = coro
         self._cancels = 0
         self._must_cancel = False
         self._cancel_message: Any = None
@@ -94,6 +97,18 @@ class RecordTask:
 
     def __repr__(self) -> str:
         return f"<RecordTask key={self._ctx.key!r} real={self.real!r}>"
+
+    def _resume(self, _: StateFuture[Any]) -> None:
+        """Step the coroutine again once the state future it awaited is done."""
+        ctx = self._ctx
+        if ctx.entered or ctx.vars is None:
+            self._driver._step(ctx, self._coro, self)
+        else:
+            ctx.entered = True
+            try:
+                ctx.vars.run(self._driver._step, ctx, self._coro, self)
+            finally:
+                ctx.entered = False
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
@@ -192,7 +207,7 @@ class UserCodeDriver:
             if self.always_task:
                 self._to_task(ctx, result, None, None)
             else:
-                self._step(ctx, result, RecordTask(self._loop, ctx))
+                self._step(ctx, result, RecordTask(self._loop, ctx, self, result))
         else:
             result_name = getattr(fn, "__qualname__", repr(fn))
             self._fail(TypeError(
@@ -202,10 +217,13 @@ class UserCodeDriver:
     def _step(self, ctx: RecordContext, coro: Coroutine[Any, Any, Any],
               task: RecordTask) -> None:
         loop = self._loop
-        outer = _current_task(loop)
-        if outer is not None:  # defensive: never expected, the trampoline runs outside Tasks
+        outer = None
+        try:
+            _enter_task(loop, task)
+        except RuntimeError:  # inside another Task's step: never expected, handled anyway
+            outer = _current_task(loop)
             _leave_task(loop, outer)
-        _enter_task(loop, task)
+            _enter_task(loop, task)
         try:
             if task._must_cancel:
                 task._must_cancel = False
@@ -233,7 +251,7 @@ class UserCodeDriver:
                 _enter_task(loop, outer)
         if type(yielded) is StateFuture and yielded._state == _PENDING:
             yielded._asyncio_future_blocking = False
-            yielded._add_hook(lambda _: ctx.run(self._step, ctx, coro, task))
+            yielded._add((_CALL, task._resume, None))
             return
         self._to_task(ctx, coro, yielded, task)
 

@@ -378,6 +378,8 @@ class StateFuture(Generic[T]):
             yield self
             if self._state == _PENDING:
                 raise InvalidStateError("StateFuture awaited again before it completed")
+        if self._state == _DONE:
+            return self._result  # type: ignore[no-any-return]
         return self.result()
 
     __iter__ = __await__
