@@ -52,6 +52,21 @@ from asyncstate.state.value import ValueState as ValueState
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # The RocksDB backend needs the optional `rocksdict` package (extra "rocksdb"): import
+    # it on first use so that `import asyncstate` works without it.
+    if name in ("RocksDBBackend", "RocksDBOptions"):
+        try:
+            from asyncstate.backends import rocksdb
+        except ImportError as exc:
+            raise ImportError(
+                f"ast.{name} needs the rocksdict package: pip install 'asyncstate[rocksdb]'"
+            ) from exc
+        return getattr(rocksdb, name)
+    raise AttributeError(f"module 'asyncstate' has no attribute {name!r}")
+
+
 __all__ = [
     "AggregateFunction",
     "AggregatingState",
@@ -77,6 +92,8 @@ __all__ = [
     "RecordContext",
     "ReducingState",
     "ReducingStateDescriptor",
+    "RocksDBBackend",
+    "RocksDBOptions",
     "RuntimeContext",
     "SerializationError",
     "SimulatedRemoteBackend",

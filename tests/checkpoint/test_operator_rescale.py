@@ -104,8 +104,15 @@ def _heap(tag: str, parallelism: int, index: int) -> ast.HeapBackend:
 
 
 @pytest.mark.timeout(60)
-async def test_rescale_2_to_3_to_1_equals_the_model(tmp_path: Any) -> None:
-    await _rescale_chain(_records(300, 25, 1), [2, 3, 1], tmp_path, _heap)
+@pytest.mark.parametrize("kind", ["heap", "rocksdb", "mixed"])
+async def test_rescale_2_to_3_to_1_equals_the_model(tmp_path: Any, kind: str) -> None:
+    def factory(tag: str, parallelism: int, index: int) -> Any:
+        # "mixed": RocksDB writes the checkpoints heap restores, and the other way round.
+        if kind == "heap" or (kind == "mixed" and parallelism != 3):
+            return ast.HeapBackend()
+        return ast.RocksDBBackend(str(tmp_path / f"db-{tag}-{index}"))
+
+    await _rescale_chain(_records(300, 25, 1), [2, 3, 1], tmp_path, factory)
 
 
 @pytest.mark.timeout(60)

@@ -13,6 +13,7 @@ factory). `state_helpers` is the session-scoped part without a backend, for hypo
 
 from __future__ import annotations
 
+import tempfile
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +30,9 @@ SUPPORTED_BACKENDS = [
     # The batched path: requests go through execute_batch, results come back per batch.
     pytest.param(lambda tmp_path: ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0),
                  id="remote0"),
+    pytest.param(lambda tmp_path: ast.RocksDBBackend(
+        tempfile.mkdtemp(prefix="asyncstate-") if tmp_path is None else str(tmp_path / "db")),
+        id="rocksdb"),
 ]
 
 BACKEND_FACTORIES: dict[str, BackendFactory] = {p.id: p.values[0] for p in SUPPORTED_BACKENDS}
