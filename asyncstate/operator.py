@@ -34,6 +34,7 @@ from asyncstate.log import get_logger
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
+from asyncstate.runtime.future import _DONE, StateFuture
 from asyncstate.serde import canonical_key
 
 _hash = mmh3.hash
@@ -303,7 +304,7 @@ class KeyedOperator:
         except Exception as exc:  # noqa: BLE001 - user code failure fails the run
             self._controller.fail(exc)  # type: ignore[union-attr]
             return
-        if result is not None:
+        if result is not None and not (type(result) is StateFuture and result._state == _DONE):
             self._driver.follow(ctx, result, self._process_element)  # type: ignore[union-attr]
 
     def emit(self, value: Any) -> None:

@@ -14,7 +14,7 @@ from asyncstate.backends.base import ExecutorBinding
 from asyncstate.errors import InvalidStateError, KeyGroupError
 from asyncstate.keygroups import KeyGroupRange
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
-from asyncstate.serde import Packed, decode_key, from_stored
+from asyncstate.serde import Packed, decode_key, decode_value, from_stored
 
 if TYPE_CHECKING:
     from asyncstate.state.base import InternalState
@@ -121,6 +121,7 @@ class HeapBackend:
         self._ops: list[Callable[[Table, tuple[bytes, bytes], Any], Any] | None] = [
             ops.get(t) for t in StateRequestType
         ]
+        self.immediate_ops = self._ops
 
     def __repr__(self) -> str:
         return f"<HeapBackend states={sorted(self._tables)}>"
@@ -262,7 +263,8 @@ class HeapBackend:
 
     @staticmethod
     def _value_get(table: Table, k: tuple[bytes, bytes], payload: Any) -> Any:
-        return from_stored(table.get(k))
+        stored = table.get(k)
+        return decode_value(stored) if type(stored) is Packed else stored
 
     @staticmethod
     def _value_update(table: Table, k: tuple[bytes, bytes], payload: Any) -> None:

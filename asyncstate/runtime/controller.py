@@ -40,7 +40,7 @@ from asyncstate.runtime.context import (
     set_current_context,
 )
 from asyncstate.runtime.epoch import EpochManager
-from asyncstate.runtime.future import StateFuture, completed_future, failed_future
+from asyncstate.runtime.future import _DONE, StateFuture, completed_future, failed_future
 from asyncstate.runtime.key_accounting import KeyAccountingUnit
 from asyncstate.runtime.requests import StateRequest, StateRequestType
 from asyncstate.serde import NONE_BYTES, canonical_key
@@ -58,6 +58,7 @@ def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> A
 log = get_logger("asyncstate.controller")
 
 _SYNC_POINT = StateRequestType.SYNC_POINT
+_new_future = object.__new__
 _current_task = asyncio.current_task
 _get_running_loop = asyncio._get_running_loop
 
@@ -87,6 +88,8 @@ class AsyncExecutionController:
         self._immediate: Callable[..., Any] | None = (
             getattr(executor, "execute_one", None)
             if getattr(executor, "completes_at_issue", False) else None)
+        self._immediate_ops: list[Any] | None = (
+            getattr(executor, "immediate_ops", None) if self._immediate is not None else None)
         self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout, scheduler)
         self._kau = KeyAccountingUnit()
         self._holders = self._kau._holders  # hot paths read the unit's map directly
@@ -174,11 +177,18 @@ class AsyncExecutionController:
             # Hot path of an immediate backend: no request object, no pending future.
             self.requests += 1
             try:
-                return completed_future(self._immediate(state, request_type, payload,
-                                                        ctx.key_bytes, ns))
+                op = self._immediate_ops[request_type] if self._immediate_ops else None
+                if op is not None:
+                    result = op(state.handle, (ctx.key_bytes, ns), payload)
+                else:
+                    result = self._immediate(state, request_type, payload, ctx.key_bytes, ns)
             except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
                 self.fail(exc)
                 return failed_future(exc)
+            fut: StateFuture[Any] = _new_future(StateFuture)  # completed_future, inlined
+            fut._state = _DONE
+            fut._result = result
+            return fut
         return self.issue(ctx, state, request_type, payload, ns)
 
     def namespace_of(self, ctx: RecordContext, state: Any) -> bytes:
