@@ -98,23 +98,7 @@ class StateFuture(Generic[T]):
             raise InvalidStateError(f"{self!r} is already completed")
         self._result = value
         self._state = _DONE
-        # _finish(), inlined on the hottest path.
-        ctx = self._ctx
-        if self._callbacks is not None:
-            if ctx is None or ctx.entered or ctx.vars is None:
-                self._run_callbacks()
-            else:
-                ctx.entered = True
-                try:
-                    ctx.vars.run(self._run_callbacks)
-                finally:
-                    ctx.entered = False
-        if ctx is not None:
-            self._ctx = None
-            count = ctx.ref_count - 1
-            ctx.ref_count = count
-            if count == 0:
-                ctx.release_to_zero()
+        self._finish()
 
     def _fail(self, exc: BaseException) -> None:
         if self._state != _PENDING:
