@@ -360,7 +360,12 @@ class RocksDBBackend:
             raise _translate_error(exc, self._path) from None
         self._families = set(families)
         self._handles: dict[str, _StateHandle] = {}
-        self._load_metadata()
+        try:
+            self._load_metadata()
+        except Exception as exc:  # noqa: BLE001 - never leave the directory locked
+            self._handles.clear()
+            self._db.close()
+            raise self._failure(exc) from None
         self._pool = ThreadPoolExecutor(max_workers=io_parallelism,
                                         thread_name_prefix="asyncstate-rocksdb")
         self._binding: ExecutorBinding | None = None
@@ -494,8 +499,9 @@ class RocksDBBackend:
 
     def close(self) -> None:
         """Wait for running multi-gets, abandon pending batches and release the directory.
-        Calling it again does nothing."""
-        if self._closed:
+        Calling it again does nothing once it has completed. If it was interrupted (say, by
+        a timeout), calling it again finishes closing the database."""
+        if self._db is None:
             return
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -506,12 +512,11 @@ class RocksDBBackend:
             handle.cf = None
             handle.cf_handle = None
         self._handles.clear()
-        db, self._db = self._db, None
-        if db is not None:
-            try:
-                db.close()
-            except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
-                raise _translate_error(exc, self._path) from None
+        try:
+            self._db.close()
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise _translate_error(exc, self._path) from None
+        self._db = None
         log.debug("rocksdb.closed", path=self._path)
 
     # -- phase 1: plan (loop thread) -------------------------------------------------------
