@@ -20,7 +20,8 @@ import mmh3
 
 from asyncstate.backends.base import StateExecutor
 from asyncstate.backends.heap import HeapBackend
-from asyncstate.checkpoint.format import checkpoint_path, open_checkpoint
+from asyncstate.checkpoint.layout import checkpoint_path
+from asyncstate.checkpoint.reader import open_checkpoint
 from asyncstate.checkpoint.snapshot import restore_snapshot, write_snapshot
 from asyncstate.clock import Clock, ManualClock, SystemClock
 from asyncstate.config import AsyncStateConfig

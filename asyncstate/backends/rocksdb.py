@@ -1,20 +1,14 @@
 """RocksDBBackend: keyed state in RocksDB (rocksdict), with batches executed off the loop.
 
-Storage layout. Each state has its own column family, ``state:<name>``. The default column
-family holds metadata: each state's kind, and the list sequence counter. Keys are raw bytes::
-
-    key group (2 bytes, big-endian) | key bytes | namespace bytes [| suffix]
-
-Key and namespace bytes are canonical msgpack. Msgpack is self-delimiting, so the
-concatenation is unambiguous, and one (key, namespace) prefix never starts another. The
-suffix is the user key's canonical bytes (map state), an 8-byte big-endian sequence number
-(list state), or empty. Values are msgpack bytes (`asyncstate.serde.stored_to_bytes`).
+`asyncstate.backends.rocksdb_layout` describes how states are stored; `RocksDBOptions`
+(`asyncstate.backends.rocksdb_options`) tunes the database.
 
 A batch runs in three phases:
 
 1. Plan (loop thread, inside `execute_batch`): encode keys and put writes into WriteBatches.
    A point read that follows a write of the same key in the batch is answered from an
-   overlay of the batch's writes. Other point reads are collected per column family.
+   overlay of the batch's writes. Other point reads are collected per column family
+   (`asyncstate.backends.rocksdb_batch`).
 2. Read (pool): one multi-get per column family, split over the I/O slots when it is large.
    Multi-get releases the GIL. The last part to finish wakes the loop once per batch.
 3. Apply (loop thread, one serial lane in trigger order): decode the values read, apply the
@@ -31,8 +25,6 @@ import contextlib
 import dataclasses
 import itertools
 import os
-import struct
-import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,11 +33,30 @@ from typing import Any
 import rocksdict
 
 from asyncstate.backends.base import ExecutorBinding
+from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _overlaps, _plan, _StateHandle
+from asyncstate.backends.rocksdb_layout import (
+    _CF_PREFIX,
+    _KIND_PREFIX,
+    _SEQ,
+    _SEQ_KEY,
+    _prefix_end,
+    _snapshot_entries,
+)
+from asyncstate.backends.rocksdb_options import (
+    DEFAULT_BLOCK_CACHE_BYTES as DEFAULT_BLOCK_CACHE_BYTES,
+)
+from asyncstate.backends.rocksdb_options import (
+    DEFAULT_BLOOM_FILTER_BITS as DEFAULT_BLOOM_FILTER_BITS,
+)
+from asyncstate.backends.rocksdb_options import (
+    DEFAULT_WRITE_BUFFER_BYTES as DEFAULT_WRITE_BUFFER_BYTES,
+)
+from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
 from asyncstate.config import check_int
-from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
+from asyncstate.errors import BackendError, CheckpointError, InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
-from asyncstate.serde import decode_key, decode_value, from_stored, stored_to_bytes
+from asyncstate.serde import decode_key, decode_value
 
 __all__ = [
     "DEFAULT_BLOCK_CACHE_BYTES",
@@ -60,10 +71,6 @@ __all__ = [
 log = get_logger("asyncstate.backends.rocksdb")
 
 DEFAULT_IO_PARALLELISM = 2
-DEFAULT_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
-DEFAULT_BLOOM_FILTER_BITS = 10
-DEFAULT_WRITE_BUFFER_BYTES = 64 * 1024 * 1024
-_MIN_WRITE_BUFFER_BYTES = 64 * 1024
 _MAX_IO_PARALLELISM = 64
 # A multi-get part below this size costs more in thread hand-off than it gains in parallelism.
 _MIN_PART_KEYS = 128
@@ -73,95 +80,10 @@ _MIN_PART_KEYS = 128
 DEFAULT_INLINE_READ_KEYS = 16
 _RESTORE_BATCH_ENTRIES = 100_000
 
-_CF_PREFIX = "state:"
-_KIND_PREFIX = b"state-kind:"
-_SEQ_KEY = b"list-sequence"
-_SEQ = struct.Struct(">Q")
-
 _T = StateRequestType
-_VALUE_KINDS = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
-
-# Request categories, indexed by request type: the plan dispatches on one small int.
-_GET, _MAP_GET, _MAP_CONTAINS, _PUT, _MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE = range(7)
-_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE, _CLEAR, _ITER, _LOAD, _NONE = range(7, 14)
-_CATEGORY_OF = {
-    _T.CLEAR: _CLEAR, _T.VALUE_GET: _GET, _T.VALUE_UPDATE: _PUT, _T.LIST_GET: _ITER,
-    _T.LIST_ADD: _LIST_ADD, _T.LIST_UPDATE: _LIST_UPDATE, _T.LIST_ADD_ALL: _LIST_ADD_ALL,
-    _T.MAP_GET: _MAP_GET, _T.MAP_CONTAINS: _MAP_CONTAINS, _T.MAP_PUT: _MAP_PUT,
-    _T.MAP_PUT_ALL: _MAP_PUT_ALL, _T.MAP_ITER: _ITER, _T.MAP_ITER_KEY: _ITER,
-    _T.MAP_ITER_VALUE: _ITER, _T.MAP_REMOVE: _MAP_REMOVE, _T.MAP_IS_EMPTY: _ITER,
-    _T.ITERATOR_LOADING: _LOAD, _T.REDUCING_GET: _GET, _T.REDUCING_ADD: _PUT,
-    _T.AGGREGATING_GET: _GET, _T.AGGREGATING_ADD: _PUT,
-}
-_CATEGORY = [_CATEGORY_OF.get(t, _NONE) for t in StateRequestType]
 
 
-# -- options --------------------------------------------------------------------------------
-
-_caches: dict[int, rocksdict.Cache] = {}
-_caches_lock = threading.Lock()
-
-
-def _shared_block_cache(capacity: int) -> rocksdict.Cache:
-    """The process's block cache of `capacity` bytes. It is created on first use, not at
-    import, so a forked Spark worker builds its own."""
-    with _caches_lock:
-        cache = _caches.get(capacity)
-        if cache is None:
-            cache = _caches[capacity] = rocksdict.Cache(capacity)
-        return cache
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RocksDBOptions:
-    """Tuning of a RocksDBBackend's database. Invalid values raise ConfigError.
-
-    block_cache_bytes: capacity of the LRU block cache. Every backend in the process with the
-        same capacity shares one cache. 0 disables the block cache.
-    bloom_filter_bits: bits per key of the full bloom filter, which lets a point read skip
-        SST files that do not hold the key. 0 disables it. Allowed range 0..64.
-    write_buffer_bytes: memtable size per column family (at least 64 KiB).
-    disable_wal: skip RocksDB's write-ahead log (default True). Checkpoints, not the WAL, are
-        what makes state durable: after a crash, a run restarts from its last checkpoint and
-        discards the local database. A WAL would write every batch twice to protect state
-        that is never reused. A clean `close()` still flushes the memtables, so reopening
-        the same directory sees everything written.
-    """
-
-    block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES
-    bloom_filter_bits: int = DEFAULT_BLOOM_FILTER_BITS
-    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
-    disable_wal: bool = True
-
-    def __post_init__(self) -> None:
-        check_int("block_cache_bytes", self.block_cache_bytes, 0)
-        check_int("bloom_filter_bits", self.bloom_filter_bits, 0, 64)
-        check_int("write_buffer_bytes", self.write_buffer_bytes, _MIN_WRITE_BUFFER_BYTES)
-        if type(self.disable_wal) is not bool:
-            raise ConfigError("disable_wal", self.disable_wal, "a bool")
-
-    def to_rocksdict(self) -> tuple[rocksdict.Options, rocksdict.WriteOptions]:
-        """Native options for the database and each column family (raw mode), and the
-        write options used for every write."""
-        options = rocksdict.Options(raw_mode=True)
-        options.create_if_missing(True)
-        options.create_missing_column_families(True)
-        options.set_write_buffer_size(self.write_buffer_bytes)
-        table = rocksdict.BlockBasedOptions()
-        if self.block_cache_bytes:
-            table.set_block_cache(_shared_block_cache(self.block_cache_bytes))
-        else:
-            table.disable_cache()
-        if self.bloom_filter_bits:
-            table.set_bloom_filter(self.bloom_filter_bits, False)  # full filter, not per block
-        options.set_block_based_table_factory(table)
-        write = rocksdict.WriteOptions()
-        # The stub declares disable_wal as a method, but at runtime it is a property.
-        write.disable_wal = self.disable_wal  # type: ignore[method-assign,assignment]
-        return options, write
-
-
-# -- helpers --------------------------------------------------------------------------------
+# -- errors ---------------------------------------------------------------------------------
 
 def _translate_error(exc: BaseException, path: str) -> BackendError:
     """Turn a rocksdict failure into a BackendError naming `path`. RocksDB errors arrive as a
@@ -177,152 +99,11 @@ def _translate_error(exc: BaseException, path: str) -> BackendError:
     return BackendError(f"RocksDB failed on {path!r}: {text}", path=path)
 
 
-def _prefix_end(prefix: bytes) -> bytes:
-    """The smallest key greater than every key that starts with `prefix` (an exclusive
-    upper bound)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        raise ValueError(f"prefix {prefix!r} has no upper bound")
-    return stripped[:-1] + bytes((stripped[-1] + 1,))
-
-
-def _fixed_sizes() -> tuple[int, ...]:
-    sizes = [0] * 256
-    for b in itertools.chain(range(0x00, 0x80), range(0xE0, 0x100), (0xC0, 0xC2, 0xC3)):
-        sizes[b] = 1  # fixints, nil, false, true
-    for b in range(0xA0, 0xC0):
-        sizes[b] = 1 + (b & 0x1F)  # fixstr
-    for b, size in ((0xCC, 2), (0xD0, 2), (0xCD, 3), (0xD1, 3), (0xCA, 5), (0xCE, 5),
-                    (0xD2, 5), (0xCB, 9), (0xCF, 9), (0xD3, 9), (0xD4, 3), (0xD5, 4),
-                    (0xD6, 6), (0xD7, 10), (0xD8, 18)):
-        sizes[b] = size
-    return tuple(sizes)
-
-
-_FIXED_SIZES = _fixed_sizes()
-# header byte -> (bytes of the length field, bytes before the payload) for str/bin/ext
-_SIZED = {0xC4: (1, 2), 0xD9: (1, 2), 0xC5: (2, 3), 0xDA: (2, 3), 0xC6: (4, 5), 0xDB: (4, 5),
-          0xC7: (1, 3), 0xC8: (2, 4), 0xC9: (4, 6)}
-# header byte -> (bytes of the count field, objects per counted element) for arrays and maps
-_COUNTED = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
-
-
-def _skip(data: bytes, pos: int) -> int:
-    """Return where the msgpack object that starts at `pos` ends."""
-    b = data[pos]
-    size = _FIXED_SIZES[b]
-    if size:
-        return pos + size
-    if 0x80 <= b <= 0x9F:  # fixmap, fixarray
-        count = (b & 0x0F) * (2 if b < 0x90 else 1)
-        pos += 1
-    elif b in _SIZED:
-        width, header = _SIZED[b]
-        return pos + header + int.from_bytes(data[pos + 1:pos + 1 + width], "big")
-    elif b in _COUNTED:
-        width, per = _COUNTED[b]
-        count = int.from_bytes(data[pos + 1:pos + 1 + width], "big") * per
-        pos += 1 + width
-    else:
-        raise BackendError(f"stored key {data!r} is damaged: byte 0x{b:02x} at offset {pos} "
-                           f"starts no msgpack object")
-    for _ in range(count):
-        pos = _skip(data, pos)
-    return pos
-
-
-def _split_prefix(prefix: bytes) -> tuple[bytes, bytes]:
-    """(key bytes, namespace bytes) of a ``key group | key | namespace`` prefix."""
-    end = _skip(prefix, 2)
-    return prefix[2:end], prefix[end:]
-
-
-# -- handles, cursors, jobs -----------------------------------------------------------------
-
-class _StateHandle:
-    """What `register_state` returns: a state's column family. `close()` drops the
-    references, because a live column family keeps RocksDB's LOCK."""
-
-    __slots__ = ("name", "kind", "cf", "cf_handle")
-
-    def __init__(self, name: str, kind: StateKind, cf: rocksdict.Rdict,
-                 cf_handle: rocksdict.ColumnFamily) -> None:
-        self.name = name
-        self.kind = kind
-        self.cf: rocksdict.Rdict | None = cf  # reads: multi-get, iteration
-        self.cf_handle: rocksdict.ColumnFamily | None = cf_handle  # WriteBatch target
-
-    def __repr__(self) -> str:
-        status = "open" if self.cf is not None else "closed"
-        return f"<RocksDB state {self.name!r} ({self.kind.value}, {status})>"
-
-
-class _Cursor:
-    """Where an iteration stands: a bounded range of one column family. `after` is the last
-    key returned (the next chunk starts after it), or None before the first chunk."""
-
-    __slots__ = ("request_type", "handle", "prefix", "after", "upper")
-
-    def __init__(self, request_type: StateRequestType, handle: _StateHandle, prefix: bytes,
-                 after: bytes | None, upper: bytes) -> None:
-        self.request_type = request_type
-        self.handle = handle
-        self.prefix = prefix
-        self.after = after
-        self.upper = upper
-
-    def __repr__(self) -> str:
-        return f"<RocksDB cursor {self.request_type.name} state={self.handle.name!r}>"
-
-
-class _MapOverlay:
-    """What a batch wrote so far under one map's (key, namespace), for later reads."""
-
-    __slots__ = ("cleared", "entries")
-
-    def __init__(self) -> None:
-        self.cleared = False  # every entry was removed earlier in this batch
-        self.entries: dict[bytes, Any] = {}  # user key bytes -> stored value (None: removed)
-
-
-class _Job:
-    """One batch travelling through the three phases."""
-
-    __slots__ = ("batch", "results", "steps", "reads", "read_prefixes", "writes", "parts",
-                 "raw", "remaining", "lock", "error", "started", "reads_done")
-
-    def __init__(self, batch: list[StateRequest]) -> None:
-        self.batch = batch
-        self.results: list[Any] = [None] * len(batch)
-        # WriteBatches and (index, cursor) iterations, in the order phase 3 runs them
-        self.steps: list[rocksdict.WriteBatch | tuple[int, _Cursor]] = []
-        # handle -> (keys, result slots); a slot ~i means "MAP_CONTAINS of request i"
-        self.reads: dict[_StateHandle, tuple[list[bytes], list[int]]] = {}
-        # (handle, prefix) pairs read; only filled while an earlier batch is unapplied
-        self.read_prefixes: set[tuple[_StateHandle, bytes]] = set()
-        # (handle, prefix) -> WriteBatch segment of the batch's latest write under it
-        self.writes: dict[tuple[_StateHandle, bytes], int] = {}
-        self.parts: list[tuple[_StateHandle, list[bytes], list[int]]] = []
-        self.raw: list[list[bytes | None] | None] = []
-        self.remaining = 0
-        self.lock = threading.Lock()
-        self.error: BaseException | None = None
-        self.started = False
-        self.reads_done = False
-
-
-def _overlaps(prefixes: set[tuple[_StateHandle, bytes]],
-              writes: dict[tuple[_StateHandle, bytes], int]) -> bool:
-    if len(prefixes) <= len(writes):
-        return any(p in writes for p in prefixes)
-    return any(w in prefixes for w in writes)
-
-
 # -- the backend ----------------------------------------------------------------------------
 
 class RocksDBBackend:
-    """Keyed state in a RocksDB directory. The module docstring describes the layout and
-    how a batch runs.
+    """Keyed state in a RocksDB directory. `asyncstate.backends.rocksdb_layout` describes the
+    layout, and this module's docstring how a batch runs.
 
     `path` is created if missing, and reopening it keeps its states. Only one backend may
     have a directory open at a time: opening a directory in use raises BackendError.
@@ -522,123 +303,13 @@ class RocksDBBackend:
     # -- phase 1: plan (loop thread) -------------------------------------------------------
 
     def _plan(self, batch: list[StateRequest]) -> _Job:
-        job = _Job(batch)
-        results = job.results
-        reads = job.reads
-        writes = job.writes
-        steps = job.steps
-        # Overlay of this batch's writes, for reads that follow them: value-kind states map
-        # (handle, prefix) to the stored value (None: removed); maps keep a _MapOverlay.
-        values: dict[tuple[_StateHandle, bytes], Any] = {}
-        maps: dict[tuple[_StateHandle, bytes], _MapOverlay] = {}
-        # Read prefixes only matter while an earlier batch with writes is still unapplied.
-        track = any(earlier.writes for earlier in self._lane)
-        read_prefixes = job.read_prefixes
-        kg_prefix = self._kg_prefix
-        category = _CATEGORY
-        wb: rocksdict.WriteBatch | None = None
-        segment = 0
-        seq_start = self._list_seq
-        for i, request in enumerate(batch):
-            cat = category[request.request_type]
-            if cat == _LOAD:
-                cursor: _Cursor = request.payload[1]
-                handle = cursor.handle
-                prefix = cursor.prefix
-            elif cat == _NONE:
-                raise ValueError(f"RocksDBBackend cannot execute {request.request_type.name}")
-            else:
-                handle = request.state.handle  # type: ignore[union-attr]
-                ctx = request.context
-                prefix = kg_prefix[ctx.key_group] + ctx.key_bytes + request.namespace
-            if cat <= _MAP_CONTAINS:
-                if cat == _GET:
-                    key = prefix
-                    if values and (handle, prefix) in values:
-                        results[i] = from_stored(values[(handle, prefix)])
-                        continue
-                else:
-                    user_key = request.payload
-                    key = prefix + user_key
-                    overlay = maps.get((handle, prefix)) if maps else None
-                    if overlay is not None and (overlay.cleared or user_key in overlay.entries):
-                        stored = overlay.entries.get(user_key)
-                        results[i] = (stored is not None) if cat == _MAP_CONTAINS \
-                            else from_stored(stored)
-                        continue
-                entry = reads.get(handle)
-                if entry is None:
-                    entry = reads[handle] = ([], [])
-                entry[0].append(key)
-                entry[1].append(~i if cat == _MAP_CONTAINS else i)
-                if track:
-                    read_prefixes.add((handle, prefix))
-                continue
-            if cat >= _ITER:
-                if cat == _ITER:
-                    t = request.request_type
-                    # A list iteration never reaches elements appended after it started.
-                    upper = prefix + _SEQ.pack(self._list_seq) if t is _T.LIST_GET \
-                        else _prefix_end(prefix)
-                    cursor = _Cursor(t, handle, prefix, None, upper)
-                if wb is not None and writes.get((handle, prefix)) == segment:
-                    steps.append(wb)  # this iteration must see the batch's writes so far
-                    wb = None
-                    segment += 1
-                steps.append((i, cursor))
-                continue
-            # writes
-            if wb is None:
-                wb = rocksdict.WriteBatch(raw_mode=True)
-            pair = (handle, prefix)
-            writes[pair] = segment
-            cf = handle.cf_handle
-            payload = request.payload
-            if cat == _PUT:
-                if payload is None:
-                    wb.delete(prefix, cf)
-                else:
-                    wb.put(prefix, stored_to_bytes(payload), cf)
-                values[pair] = payload
-            elif cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
-                overlay = maps.get(pair)
-                if overlay is None:
-                    overlay = maps[pair] = _MapOverlay()
-                entries = overlay.entries
-                if cat == _MAP_REMOVE:
-                    wb.delete(prefix + payload, cf)
-                    entries[payload] = None
-                    continue
-                for user_key, value in ((payload,) if cat == _MAP_PUT else payload):
-                    if value is None:
-                        wb.delete(prefix + user_key, cf)
-                    else:
-                        wb.put(prefix + user_key, stored_to_bytes(value), cf)
-                    entries[user_key] = value
-            elif cat in (_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE):
-                if cat == _LIST_UPDATE:
-                    wb.delete_range(prefix, _prefix_end(prefix), cf)
-                seq = self._list_seq
-                for value in ((payload,) if cat == _LIST_ADD else payload):
-                    wb.put(prefix + _SEQ.pack(seq), stored_to_bytes(value), cf)
-                    seq += 1
-                self._list_seq = seq
-            else:  # _CLEAR
-                kind = handle.kind
-                if kind in _VALUE_KINDS:
-                    wb.delete(prefix, cf)
-                    values[pair] = None
-                else:
-                    wb.delete_range(prefix, _prefix_end(prefix), cf)
-                    if kind is StateKind.MAP:
-                        overlay = maps[pair] = _MapOverlay()
-                        overlay.cleared = True
-        if self._list_seq != seq_start:
-            if wb is None:
-                wb = rocksdict.WriteBatch(raw_mode=True)
-            wb.put(_SEQ_KEY, _SEQ.pack(self._list_seq))  # default column family: metadata
-        if wb is not None:
-            steps.append(wb)
+        job = _Job(batch, self._list_seq)
+        try:
+            # Read prefixes only matter while an earlier batch with writes is still unapplied.
+            _plan(job, self._kg_prefix, any(earlier.writes for earlier in self._lane))
+        finally:
+            # Sequence numbers are never reused: those a failed plan took stay taken.
+            self._list_seq = job.list_seq
         return job
 
     # -- phase 2: read (pool) --------------------------------------------------------------
@@ -811,44 +482,7 @@ class RocksDBBackend:
             items = list(handle.cf.items(from_key=lower, read_opt=read))  # type: ignore[union-attr]
             if items:
                 loaded.append((name, handle.kind, items))
-        return self._snapshot_entries(loaded)
-
-    @staticmethod
-    def _snapshot_entries(loaded: list[tuple[str, StateKind, list[tuple[bytes, bytes]]]]
-                          ) -> Iterator[tuple[str, bytes, bytes, Any]]:
-        fixed = _FIXED_SIZES
-        for name, kind, items in loaded:
-            if kind is StateKind.LIST:
-                prefix = b""
-                values: list[bytes] = []
-                for key, value in items:
-                    if key[:-8] != prefix:
-                        if values:
-                            yield (name, *_split_prefix(prefix), values)
-                        prefix, values = key[:-8], []
-                    values.append(value)
-                if values:
-                    yield (name, *_split_prefix(prefix), values)
-            elif kind is StateKind.MAP:
-                prefix = b"\xff"  # starts no key (key groups are < 0x8000)
-                entries: list[tuple[bytes, bytes]] = []
-                skip = 0
-                for key, value in items:
-                    # msgpack is prefix-free: a key that starts with the previous prefix
-                    # belongs to the same (key, namespace).
-                    if not key.startswith(prefix):
-                        if entries:
-                            yield (name, *_split_prefix(prefix), entries)
-                        skip = _skip(key, _skip(key, 2))
-                        prefix, entries = key[:skip], []
-                    entries.append((key[skip:], value))
-                if entries:
-                    yield (name, *_split_prefix(prefix), entries)
-            else:
-                for key, value in items:
-                    size = fixed[key[2]]
-                    end = 2 + size if size else _skip(key, 2)
-                    yield (name, key[2:end], key[end:], value)
+        return _snapshot_entries(loaded)
 
     def restore_key_group(self, key_group: int,
                           entries: Iterable[Sequence[Any]]) -> None:

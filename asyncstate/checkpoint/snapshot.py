@@ -25,7 +25,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 
-from asyncstate.checkpoint.format import Checkpoint, PackedRecords, PartManifest, write_part
+from asyncstate.checkpoint.layout import PartManifest
+from asyncstate.checkpoint.reader import Checkpoint
+from asyncstate.checkpoint.writer import PackedRecords, write_part
 from asyncstate.errors import CheckpointError
 from asyncstate.keygroups import (
     KeyGroupRange,

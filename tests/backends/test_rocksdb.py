@@ -18,13 +18,8 @@ from hypothesis import strategies as st
 
 from asyncstate.backends.base import ExecutorBinding, StateExecutor
 from asyncstate.backends.heap import HeapBackend
-from asyncstate.backends.rocksdb import (
-    RocksDBBackend,
-    RocksDBOptions,
-    _prefix_end,
-    _skip,
-    _translate_error,
-)
+from asyncstate.backends.rocksdb import RocksDBBackend, RocksDBOptions, _translate_error
+from asyncstate.backends.rocksdb_layout import _prefix_end, _skip
 from asyncstate.errors import BackendError, ConfigError, InvalidStateError
 from asyncstate.keygroups import key_group_of_bytes
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
@@ -543,6 +538,14 @@ def test_options_are_validated_and_converted(tmp_path):
         backend.register_state("v", StateKind.VALUE)
 
 
+def test_rocksdb_module_re_exports_the_options():
+    from asyncstate.backends import rocksdb, rocksdb_options
+
+    for name in rocksdb_options.__all__:
+        assert name in rocksdb.__all__, name
+        assert getattr(rocksdb, name) is getattr(rocksdb_options, name), name
+
+
 def test_key_helpers():
     assert _prefix_end(b"\x00\x01\xff\xff") == b"\x00\x02"
     assert _prefix_end(b"\x00\x01a") == b"\x00\x01b"
@@ -622,7 +625,8 @@ async def test_restore_replaces_each_named_key_and_namespace_like_the_heap(tmp_p
 
 
 async def test_checkpoint_glue_moves_state_between_rocksdb_and_heap(tmp_path):
-    from asyncstate.checkpoint.format import checkpoint_path, open_checkpoint
+    from asyncstate.checkpoint.layout import checkpoint_path
+    from asyncstate.checkpoint.reader import open_checkpoint
     from asyncstate.checkpoint.snapshot import restore_snapshot, write_snapshot
     from asyncstate.keygroups import KeyGroupRange
 

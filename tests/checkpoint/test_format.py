@@ -59,6 +59,16 @@ def damage(path: str, offset: int) -> None:
 # -- paths --------------------------------------------------------------------------------
 
 
+def test_format_gathers_each_public_name_from_exactly_one_module():
+    from asyncstate.checkpoint import format as fmt
+    from asyncstate.checkpoint import layout, reader, writer
+
+    for name in fmt.__all__:
+        homes = [m for m in (layout, writer, reader) if name in m.__all__]
+        assert len(homes) == 1, name
+        assert getattr(fmt, name) is getattr(homes[0], name), name
+
+
 def test_checkpoint_path_is_chk_id_under_directory(tmp_path):
     assert checkpoint_path(tmp_path, 7) == os.path.join(str(tmp_path), "chk-7")
     assert checkpoint_path(str(tmp_path), 0).endswith("chk-0")

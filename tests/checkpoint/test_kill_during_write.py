@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from asyncstate.checkpoint.format import MANIFEST_NAME, checkpoint_path, open_checkpoint
+from asyncstate.checkpoint.layout import MANIFEST_NAME, checkpoint_path
+from asyncstate.checkpoint.reader import open_checkpoint
 from asyncstate.checkpoint.snapshot import restore_snapshot, write_snapshot
 from asyncstate.errors import CheckpointError
 from asyncstate.keygroups import compute_key_group_range_for_operator_index
@@ -29,7 +30,7 @@ PARALLELISM = 2
 
 CHILD = textwrap.dedent("""
     import os, sys, time
-    from asyncstate.checkpoint.format import write_part
+    from asyncstate.checkpoint.writer import write_part
 
     chk, marker, phase = sys.argv[1], sys.argv[2], sys.argv[3]
 

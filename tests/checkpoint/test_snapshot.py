@@ -10,13 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncstate.backends.heap import HeapBackend
-from asyncstate.checkpoint.format import checkpoint_path, open_checkpoint, write_part
+from asyncstate.checkpoint.layout import checkpoint_path
+from asyncstate.checkpoint.reader import open_checkpoint
 from asyncstate.checkpoint.snapshot import (
     SECTION_STATE_ENTRIES,
     SnapshotBackend,
     restore_snapshot,
     write_snapshot,
 )
+from asyncstate.checkpoint.writer import write_part
 from asyncstate.errors import CheckpointError, KeyGroupError
 from asyncstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from asyncstate.runtime.requests import StateKind

@@ -1,0 +1,247 @@
+"""A batch in RocksDB terms: the job that carries it through RocksDBBackend's three phases,
+and phase 1, the plan, which turns its requests into point reads and WriteBatches.
+
+The plan runs on the loop thread. A point read that follows a write of the same key in the
+batch is answered from an overlay of the batch's writes; other point reads are collected per
+column family. An iteration of a (key, namespace) that the batch wrote earlier is placed after
+that write, so phase 3 runs it once the write is applied.
+
+Everything here is internal to the RocksDB backend modules.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import rocksdict
+
+from asyncstate.backends.rocksdb_layout import _SEQ, _SEQ_KEY, _prefix_end
+from asyncstate.runtime.requests import StateKind, StateRequest, StateRequestType
+from asyncstate.serde import from_stored, stored_to_bytes
+
+__all__: list[str] = []
+
+_T = StateRequestType
+# Bound once: CPython 3.11 compiles `name.method(...)` on an imported name as a plain attribute
+# load (the fast path for modules), so `_SEQ.pack(seq)` would build a bound method per call.
+_pack_seq = _SEQ.pack
+_VALUE_KINDS = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
+
+# Request categories, indexed by request type: the plan dispatches on one small int.
+_GET, _MAP_GET, _MAP_CONTAINS, _PUT, _MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE = range(7)
+_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE, _CLEAR, _ITER, _LOAD, _NONE = range(7, 14)
+_CATEGORY_OF = {
+    _T.CLEAR: _CLEAR, _T.VALUE_GET: _GET, _T.VALUE_UPDATE: _PUT, _T.LIST_GET: _ITER,
+    _T.LIST_ADD: _LIST_ADD, _T.LIST_UPDATE: _LIST_UPDATE, _T.LIST_ADD_ALL: _LIST_ADD_ALL,
+    _T.MAP_GET: _MAP_GET, _T.MAP_CONTAINS: _MAP_CONTAINS, _T.MAP_PUT: _MAP_PUT,
+    _T.MAP_PUT_ALL: _MAP_PUT_ALL, _T.MAP_ITER: _ITER, _T.MAP_ITER_KEY: _ITER,
+    _T.MAP_ITER_VALUE: _ITER, _T.MAP_REMOVE: _MAP_REMOVE, _T.MAP_IS_EMPTY: _ITER,
+    _T.ITERATOR_LOADING: _LOAD, _T.REDUCING_GET: _GET, _T.REDUCING_ADD: _PUT,
+    _T.AGGREGATING_GET: _GET, _T.AGGREGATING_ADD: _PUT,
+}
+_CATEGORY = [_CATEGORY_OF.get(t, _NONE) for t in StateRequestType]
+
+
+# -- handles, cursors, jobs -----------------------------------------------------------------
+
+class _StateHandle:
+    """What `register_state` returns: a state's column family. `close()` drops the
+    references, because a live column family keeps RocksDB's LOCK."""
+
+    __slots__ = ("name", "kind", "cf", "cf_handle")
+
+    def __init__(self, name: str, kind: StateKind, cf: rocksdict.Rdict,
+                 cf_handle: rocksdict.ColumnFamily) -> None:
+        self.name = name
+        self.kind = kind
+        self.cf: rocksdict.Rdict | None = cf  # reads: multi-get, iteration
+        self.cf_handle: rocksdict.ColumnFamily | None = cf_handle  # WriteBatch target
+
+    def __repr__(self) -> str:
+        status = "open" if self.cf is not None else "closed"
+        return f"<RocksDB state {self.name!r} ({self.kind.value}, {status})>"
+
+
+class _Cursor:
+    """Where an iteration stands: a bounded range of one column family. `after` is the last
+    key returned (the next chunk starts after it), or None before the first chunk."""
+
+    __slots__ = ("request_type", "handle", "prefix", "after", "upper")
+
+    def __init__(self, request_type: StateRequestType, handle: _StateHandle, prefix: bytes,
+                 after: bytes | None, upper: bytes) -> None:
+        self.request_type = request_type
+        self.handle = handle
+        self.prefix = prefix
+        self.after = after
+        self.upper = upper
+
+    def __repr__(self) -> str:
+        return f"<RocksDB cursor {self.request_type.name} state={self.handle.name!r}>"
+
+
+class _MapOverlay:
+    """What a batch wrote so far under one map's (key, namespace), for later reads."""
+
+    __slots__ = ("cleared", "entries")
+
+    def __init__(self) -> None:
+        self.cleared = False  # every entry was removed earlier in this batch
+        self.entries: dict[bytes, Any] = {}  # user key bytes -> stored value (None: removed)
+
+
+class _Job:
+    """One batch travelling through the three phases."""
+
+    __slots__ = ("batch", "results", "steps", "reads", "read_prefixes", "writes", "parts",
+                 "raw", "remaining", "lock", "error", "started", "reads_done", "list_seq")
+
+    def __init__(self, batch: list[StateRequest], list_seq: int) -> None:
+        self.batch = batch
+        self.results: list[Any] = [None] * len(batch)
+        # WriteBatches and (index, cursor) iterations, in the order phase 3 runs them
+        self.steps: list[rocksdict.WriteBatch | tuple[int, _Cursor]] = []
+        # handle -> (keys, result slots); a slot ~i means "MAP_CONTAINS of request i"
+        self.reads: dict[_StateHandle, tuple[list[bytes], list[int]]] = {}
+        # (handle, prefix) pairs read; only filled while an earlier batch is unapplied
+        self.read_prefixes: set[tuple[_StateHandle, bytes]] = set()
+        # (handle, prefix) -> WriteBatch segment of the batch's latest write under it
+        self.writes: dict[tuple[_StateHandle, bytes], int] = {}
+        self.parts: list[tuple[_StateHandle, list[bytes], list[int]]] = []
+        self.raw: list[list[bytes | None] | None] = []
+        self.remaining = 0
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.started = False
+        self.reads_done = False
+        # the next list sequence number; the plan takes one per list element it writes
+        self.list_seq = list_seq
+
+
+def _overlaps(prefixes: set[tuple[_StateHandle, bytes]],
+              writes: dict[tuple[_StateHandle, bytes], int]) -> bool:
+    if len(prefixes) <= len(writes):
+        return any(p in writes for p in prefixes)
+    return any(w in prefixes for w in writes)
+
+
+# -- phase 1: plan (loop thread) -----------------------------------------------------------
+
+def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
+    """Phase 1: plan `job.batch` into `job`, advancing `job.list_seq`. `track`: record the
+    (handle, prefix) pairs read, because an earlier batch with writes is still unapplied."""
+    batch = job.batch
+    results = job.results
+    reads = job.reads
+    writes = job.writes
+    steps = job.steps
+    # Overlay of this batch's writes, for reads that follow them: value-kind states map
+    # (handle, prefix) to the stored value (None: removed); maps keep a _MapOverlay.
+    values: dict[tuple[_StateHandle, bytes], Any] = {}
+    maps: dict[tuple[_StateHandle, bytes], _MapOverlay] = {}
+    read_prefixes = job.read_prefixes
+    category = _CATEGORY
+    wb: rocksdict.WriteBatch | None = None
+    segment = 0
+    seq_start = job.list_seq
+    for i, request in enumerate(batch):
+        cat = category[request.request_type]
+        if cat == _LOAD:
+            cursor: _Cursor = request.payload[1]
+            handle = cursor.handle
+            prefix = cursor.prefix
+        elif cat == _NONE:
+            raise ValueError(f"RocksDBBackend cannot execute {request.request_type.name}")
+        else:
+            handle = request.state.handle  # type: ignore[union-attr]
+            ctx = request.context
+            prefix = kg_prefix[ctx.key_group] + ctx.key_bytes + request.namespace
+        if cat <= _MAP_CONTAINS:
+            if cat == _GET:
+                key = prefix
+                if values and (handle, prefix) in values:
+                    results[i] = from_stored(values[(handle, prefix)])
+                    continue
+            else:
+                user_key = request.payload
+                key = prefix + user_key
+                overlay = maps.get((handle, prefix)) if maps else None
+                if overlay is not None and (overlay.cleared or user_key in overlay.entries):
+                    stored = overlay.entries.get(user_key)
+                    results[i] = (stored is not None) if cat == _MAP_CONTAINS \
+                        else from_stored(stored)
+                    continue
+            entry = reads.get(handle)
+            if entry is None:
+                entry = reads[handle] = ([], [])
+            entry[0].append(key)
+            entry[1].append(~i if cat == _MAP_CONTAINS else i)
+            if track:
+                read_prefixes.add((handle, prefix))
+            continue
+        if cat >= _ITER:
+            if cat == _ITER:
+                t = request.request_type
+                # A list iteration never reaches elements appended after it started.
+                upper = prefix + _pack_seq(job.list_seq) if t is _T.LIST_GET \
+                    else _prefix_end(prefix)
+                cursor = _Cursor(t, handle, prefix, None, upper)
+            if wb is not None and writes.get((handle, prefix)) == segment:
+                steps.append(wb)  # this iteration must see the batch's writes so far
+                wb = None
+                segment += 1
+            steps.append((i, cursor))
+            continue
+        # writes
+        if wb is None:
+            wb = rocksdict.WriteBatch(raw_mode=True)
+        pair = (handle, prefix)
+        writes[pair] = segment
+        cf = handle.cf_handle
+        payload = request.payload
+        if cat == _PUT:
+            if payload is None:
+                wb.delete(prefix, cf)
+            else:
+                wb.put(prefix, stored_to_bytes(payload), cf)
+            values[pair] = payload
+        elif cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
+            overlay = maps.get(pair)
+            if overlay is None:
+                overlay = maps[pair] = _MapOverlay()
+            entries = overlay.entries
+            if cat == _MAP_REMOVE:
+                wb.delete(prefix + payload, cf)
+                entries[payload] = None
+                continue
+            for user_key, value in ((payload,) if cat == _MAP_PUT else payload):
+                if value is None:
+                    wb.delete(prefix + user_key, cf)
+                else:
+                    wb.put(prefix + user_key, stored_to_bytes(value), cf)
+                entries[user_key] = value
+        elif cat in (_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE):
+            if cat == _LIST_UPDATE:
+                wb.delete_range(prefix, _prefix_end(prefix), cf)
+            seq = job.list_seq
+            for value in ((payload,) if cat == _LIST_ADD else payload):
+                wb.put(prefix + _pack_seq(seq), stored_to_bytes(value), cf)
+                seq += 1
+            job.list_seq = seq
+        else:  # _CLEAR
+            kind = handle.kind
+            if kind in _VALUE_KINDS:
+                wb.delete(prefix, cf)
+                values[pair] = None
+            else:
+                wb.delete_range(prefix, _prefix_end(prefix), cf)
+                if kind is StateKind.MAP:
+                    overlay = maps[pair] = _MapOverlay()
+                    overlay.cleared = True
+    if job.list_seq != seq_start:
+        if wb is None:
+            wb = rocksdict.WriteBatch(raw_mode=True)
+        wb.put(_SEQ_KEY, _pack_seq(job.list_seq))  # default column family: metadata
+    if wb is not None:
+        steps.append(wb)

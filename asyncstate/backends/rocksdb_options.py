@@ -1,0 +1,90 @@
+"""RocksDBOptions: the tuning of a RocksDBBackend's database, and its conversion to rocksdict.
+
+Defaults are the module constants below. Every backend in the process that asks for a block
+cache of the same capacity shares one cache, created on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import rocksdict
+
+from asyncstate.config import check_int
+from asyncstate.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_BLOCK_CACHE_BYTES",
+    "DEFAULT_BLOOM_FILTER_BITS",
+    "DEFAULT_WRITE_BUFFER_BYTES",
+    "RocksDBOptions",
+]
+
+DEFAULT_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_BLOOM_FILTER_BITS = 10
+DEFAULT_WRITE_BUFFER_BYTES = 64 * 1024 * 1024
+_MIN_WRITE_BUFFER_BYTES = 64 * 1024
+
+_caches: dict[int, rocksdict.Cache] = {}
+_caches_lock = threading.Lock()
+
+
+def _shared_block_cache(capacity: int) -> rocksdict.Cache:
+    """The process's block cache of `capacity` bytes. It is created on first use, not at
+    import, so a forked Spark worker builds its own."""
+    with _caches_lock:
+        cache = _caches.get(capacity)
+        if cache is None:
+            cache = _caches[capacity] = rocksdict.Cache(capacity)
+        return cache
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RocksDBOptions:
+    """Tuning of a RocksDBBackend's database. Invalid values raise ConfigError.
+
+    block_cache_bytes: capacity of the LRU block cache. Every backend in the process with the
+        same capacity shares one cache. 0 disables the block cache.
+    bloom_filter_bits: bits per key of the full bloom filter, which lets a point read skip
+        SST files that do not hold the key. 0 disables it. Allowed range 0..64.
+    write_buffer_bytes: memtable size per column family (at least 64 KiB).
+    disable_wal: skip RocksDB's write-ahead log (default True). Checkpoints, not the WAL, are
+        what makes state durable: after a crash, a run restarts from its last checkpoint and
+        discards the local database. A WAL would write every batch twice to protect state
+        that is never reused. A clean `close()` still flushes the memtables, so reopening
+        the same directory sees everything written.
+    """
+
+    block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES
+    bloom_filter_bits: int = DEFAULT_BLOOM_FILTER_BITS
+    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
+    disable_wal: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("block_cache_bytes", self.block_cache_bytes, 0)
+        check_int("bloom_filter_bits", self.bloom_filter_bits, 0, 64)
+        check_int("write_buffer_bytes", self.write_buffer_bytes, _MIN_WRITE_BUFFER_BYTES)
+        if type(self.disable_wal) is not bool:
+            raise ConfigError("disable_wal", self.disable_wal, "a bool")
+
+    def to_rocksdict(self) -> tuple[rocksdict.Options, rocksdict.WriteOptions]:
+        """Native options for the database and each column family (raw mode), and the
+        write options used for every write."""
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        options.set_write_buffer_size(self.write_buffer_bytes)
+        table = rocksdict.BlockBasedOptions()
+        if self.block_cache_bytes:
+            table.set_block_cache(_shared_block_cache(self.block_cache_bytes))
+        else:
+            table.disable_cache()
+        if self.bloom_filter_bits:
+            table.set_bloom_filter(self.bloom_filter_bits, False)  # full filter, not per block
+        options.set_block_based_table_factory(table)
+        write = rocksdict.WriteOptions()
+        # The stub declares disable_wal as a method, but at runtime it is a property.
+        write.disable_wal = self.disable_wal  # type: ignore[method-assign,assignment]
+        return options, write
+

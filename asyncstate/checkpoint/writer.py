@@ -1,0 +1,254 @@
+"""`write_part`: write and commit one operator's part of a checkpoint.
+
+Commit protocol of `write_part` (why: a writer may be killed at any instant, and a retried
+writer must replace, never duplicate):
+
+1. Write the data file under a fresh, attempt-unique name; flush and fsync it; fsync the part
+   directory.
+2. Write the manifest to ``_MANIFEST.json.tmp-<attempt>``, fsync it, `os.replace` it onto
+   ``_MANIFEST.json``, fsync the part directory. The rename is the commit point: before it
+   the previous manifest (if any) and its data file are untouched; after it the new ones are.
+3. Delete the data file the replaced manifest named, and leftovers of dead attempts older
+   than `stale_after_s` (younger ones may belong to a concurrent attempt still writing).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import json
+import os
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import msgpack
+
+from asyncstate.checkpoint.layout import (
+    _DATA_RE,
+    DATA_MAGIC,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    KeyGroupEntry,
+    PartManifest,
+    part_name,
+)
+from asyncstate.config import MAX_MAX_PARALLELISM, check_int
+from asyncstate.errors import CheckpointError
+from asyncstate.keygroups import compute_key_group_range_for_operator_index
+
+__all__ = ["DEFAULT_STALE_AFTER_S", "PackedRecords", "write_part"]
+
+DEFAULT_STALE_AFTER_S = 600.0
+
+_TMP_PREFIX = MANIFEST_NAME + ".tmp-"
+_CHUNK_RECORDS = 8192  # records packed per write call: bounds memory within a key group
+_WRITE_BUFFER = 1 << 20
+
+
+class PackedRecords(NamedTuple):
+    """A key group's records already msgpack-encoded back to back: `num_records` objects in
+    `data`.
+
+    Lets a producer that encodes while it walks its storage skip a decode/encode round trip;
+    the count is checked when the key group is read back.
+    """
+
+    num_records: int
+    data: bytes
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _makedirs_durable(path: str) -> None:
+    """Create `path` and missing parents, fsyncing each parent whose entries changed."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    _makedirs_durable(parent)
+    with contextlib.suppress(FileExistsError):  # a concurrent writer made it
+        os.mkdir(path)
+    _fsync_dir(parent)
+
+
+def _write_key_group(f: Any, packer: msgpack.Packer,
+                     records: Iterable[Any]) -> tuple[int, int, int]:
+    """Pack and write one key group's records; return (size, count, crc32)."""
+    if type(records) is PackedRecords:
+        f.write(records.data)
+        return len(records.data), records.num_records, zlib.crc32(records.data)
+    size = count = crc = 0
+    pack = packer.pack
+    it = iter(records)
+    while True:
+        # islice + map keep the per-record loop in C.
+        chunk = list(itertools.islice(it, _CHUNK_RECORDS))
+        if not chunk:
+            break
+        collections.deque(map(pack, chunk), 0)
+        data = packer.bytes()
+        packer.reset()
+        crc = zlib.crc32(data, crc)
+        size += len(data)
+        count += len(chunk)
+        f.write(data)
+        if len(chunk) < _CHUNK_RECORDS:
+            break
+    return size, count, crc
+
+
+def write_part(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    parallelism: int,
+    operator_index: int,
+    max_parallelism: int,
+    states: Mapping[str, str],
+    key_groups: Iterable[tuple[int, Iterable[Any]]],
+    extra: Mapping[str, Any] | None = None,
+    stale_after_s: float = DEFAULT_STALE_AFTER_S,
+) -> PartManifest:
+    """Write and commit operator `operator_index`'s part of the checkpoint at `checkpoint_dir`.
+
+    `key_groups` yields ``(key_group, records)`` for key groups of this operator's range, each
+    at most once, in any order; records are msgpack-encodable objects, streamed, or a
+    `PackedRecords`. `states` maps
+    state names to kinds; `extra` is any msgpack-encodable dict (operator state, sequence
+    numbers). Writing a part that already exists replaces it atomically (see the module
+    docstring). Raises CheckpointError naming the part and key group for a record that cannot
+    be encoded or a key group outside the range; the previous part, if any, stays intact.
+    """
+    check_int("max_parallelism", max_parallelism, 1, MAX_MAX_PARALLELISM)
+    check_int("parallelism", parallelism, 1, max_parallelism)
+    check_int("operator_index", operator_index, 0, parallelism - 1)
+    kg_range = compute_key_group_range_for_operator_index(
+        max_parallelism, parallelism, operator_index)
+    state_kinds = dict(states)
+    for name, kind in state_kinds.items():
+        if type(name) is not str or type(kind) is not str:
+            raise TypeError(f"states must map str names to str kinds, got {name!r}: {kind!r}")
+    part_dir = os.path.join(os.fspath(checkpoint_dir), part_name(parallelism, operator_index))
+    pname = part_name(parallelism, operator_index)
+    try:
+        extra_bytes = msgpack.packb(dict(extra or {}), use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CheckpointError(
+            f"extra of checkpoint part {part_dir!r} cannot be encoded with msgpack: {exc}",
+            path=part_dir) from exc
+
+    _makedirs_durable(part_dir)
+    attempt = uuid.uuid4().hex
+    data_file = f"data-{attempt}.bin"
+    data_path = os.path.join(part_dir, data_file)
+    tmp_path = os.path.join(part_dir, _TMP_PREFIX + attempt)
+    manifest_path = os.path.join(part_dir, MANIFEST_NAME)
+    index: dict[int, KeyGroupEntry] = {}
+    committed = False
+    try:
+        with open(data_path, "xb", buffering=_WRITE_BUFFER) as f:
+            f.write(DATA_MAGIC)
+            offset = len(DATA_MAGIC)
+            packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+            for kg, records in key_groups:
+                if type(kg) is not int or kg not in kg_range:
+                    raise CheckpointError(
+                        f"key group {kg!r} is outside the key groups "
+                        f"{kg_range.start}..{kg_range.end} of checkpoint part {pname} "
+                        f"(max_parallelism {max_parallelism})", path=part_dir)
+                if kg in index:
+                    raise CheckpointError(
+                        f"key group {kg} given twice while writing checkpoint part {pname}",
+                        path=part_dir)
+                try:
+                    size, count, crc = _write_key_group(f, packer, records)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise CheckpointError(
+                        f"a record of key group {kg} in checkpoint part {pname} cannot be "
+                        f"encoded with msgpack: {exc}", path=part_dir) from exc
+                if count:
+                    index[kg] = KeyGroupEntry(offset, size, count, crc)
+                    offset += size
+            extra_entry = KeyGroupEntry(offset, len(extra_bytes), 1, zlib.crc32(extra_bytes))
+            f.write(extra_bytes)
+            data_size = offset + len(extra_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(part_dir)
+        manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "max_parallelism": max_parallelism,
+            "parallelism": parallelism,
+            "operator_index": operator_index,
+            "key_group_range": [kg_range.start, kg_range.end],
+            "states": dict(sorted(state_kinds.items())),
+            "attempt": attempt,
+            "written_at": time.time(),
+            "checksum": "crc32",
+            "data_file": data_file,
+            "data_size": data_size,
+            "extra": extra_entry._asdict(),
+            "key_groups": [
+                {"key_group": kg, **index[kg]._asdict()} for kg in sorted(index)],
+        }
+        with open(tmp_path, "xb") as f:
+            f.write(json.dumps(manifest, indent=1).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        previous = _committed_data_file(manifest_path)
+        os.replace(tmp_path, manifest_path)
+        committed = True
+        _fsync_dir(part_dir)
+    finally:
+        if not committed:
+            for leftover in (data_path, tmp_path):
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
+    if previous is not None and previous != data_file:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(part_dir, previous))
+    _remove_stale(part_dir, data_file, stale_after_s)
+    return PartManifest(
+        path=part_dir, format_version=FORMAT_VERSION, max_parallelism=max_parallelism,
+        parallelism=parallelism, operator_index=operator_index, key_group_range=kg_range,
+        states=state_kinds, data_file=data_file, data_size=data_size, key_groups=index,
+        extra_entry=extra_entry, extra=dict(extra or {}), attempt=attempt)
+
+
+def _committed_data_file(manifest_path: str) -> str | None:
+    """The data file named by the currently committed manifest, if it is readable and sane."""
+    try:
+        with open(manifest_path, "rb") as f:
+            name = json.loads(f.read()).get("data_file")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and _DATA_RE.fullmatch(name) else None
+
+
+def _remove_stale(part_dir: str, keep: str, stale_after_s: float) -> None:
+    """Delete data and temp files of dead attempts (never `keep` or the file of the manifest
+    now in place, which a concurrent attempt may have committed; never young files)."""
+    now = time.time()
+    current = _committed_data_file(os.path.join(part_dir, MANIFEST_NAME))
+    try:
+        names = os.listdir(part_dir)
+    except OSError:
+        return
+    for name in names:
+        ours = _DATA_RE.fullmatch(name) or name.startswith(_TMP_PREFIX)
+        if name in (keep, current) or not ours:
+            continue
+        path = os.path.join(part_dir, name)
+        with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime >= stale_after_s:
+                os.unlink(path)
