@@ -4,6 +4,8 @@ State calls return futures; a controller keeps each key's records in arrival ord
 the state requests of many keys go to the backend together in batches.
 """
 
+from typing import TYPE_CHECKING
+
 from asyncstate.backends.heap import HeapBackend as HeapBackend
 from asyncstate.backends.remote import SimulatedRemoteBackend as SimulatedRemoteBackend
 from asyncstate.checkpoint.format import checkpoint_path as checkpoint_path
@@ -49,6 +51,10 @@ from asyncstate.state.map import MapState as MapState
 from asyncstate.state.merging import AggregatingState as AggregatingState
 from asyncstate.state.merging import ReducingState as ReducingState
 from asyncstate.state.value import ValueState as ValueState
+
+if TYPE_CHECKING:
+    from asyncstate.backends.rocksdb import RocksDBBackend as RocksDBBackend
+    from asyncstate.backends.rocksdb import RocksDBOptions as RocksDBOptions
 
 __version__ = "0.1.0"
 
