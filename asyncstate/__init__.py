@@ -4,7 +4,7 @@ State calls return futures; a controller keeps each key's records in arrival ord
 the state requests of many keys go to the backend together in batches.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from asyncstate.backends.heap import HeapBackend as HeapBackend
 from asyncstate.backends.remote import SimulatedRemoteBackend as SimulatedRemoteBackend
@@ -52,7 +52,7 @@ from asyncstate.state.merging import AggregatingState as AggregatingState
 from asyncstate.state.merging import ReducingState as ReducingState
 from asyncstate.state.value import ValueState as ValueState
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from asyncstate.backends.rocksdb import RocksDBBackend as RocksDBBackend
     from asyncstate.backends.rocksdb import RocksDBOptions as RocksDBOptions
 
