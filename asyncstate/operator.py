@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import time
 from collections import deque
@@ -94,7 +95,7 @@ class KeyedOperator:
         self._driver: UserCodeDriver | None = None
         self._base_vars: contextvars.Context | None = None
         self._outputs: list[Any] = []
-        self._inbox: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self._inbox: deque[Any] = deque()  # record items (tuples) and events (callables)
         self._inbox_posted = False
         self._queued = 0
         self._state = "new"  # new -> open -> closed
@@ -256,7 +257,7 @@ class KeyedOperator:
             self._peak = in_flight
         # Records wait in the inbox and start from one trampoline job, in arrival order;
         # events that must follow them (watermarks) go through the inbox too.
-        self._inbox.append((self._start, item))
+        self._inbox.append(item)
         if not self._inbox_posted:
             self._inbox_posted = True
             controller.post(self._drain_inbox, None)
@@ -264,16 +265,20 @@ class KeyedOperator:
     def _drain_inbox(self, _: Any) -> None:
         inbox = self._inbox
         popleft = inbox.popleft
+        start = self._start
         try:
             while inbox:
-                fn, arg = popleft()
-                fn(arg)
+                entry = popleft()
+                if type(entry) is tuple:  # a record: (record, key, key bytes, key group, ts)
+                    start(entry)
+                else:  # an event: a callable
+                    entry()
         finally:
             self._inbox_posted = False
 
     def _post_event(self, fn: Callable[[Any], None], arg: Any) -> None:
         assert self._controller is not None
-        self._inbox.append((fn, arg))
+        self._inbox.append(functools.partial(fn, arg))
         if not self._inbox_posted:
             self._inbox_posted = True
             self._controller.post(self._drain_inbox, None)

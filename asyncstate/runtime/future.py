@@ -75,7 +75,8 @@ class StateFuture(Generic[T]):
     _state = _PENDING
     _result: Any = None
     _exception: BaseException | None = None
-    _callbacks: list[tuple[int, Any, Any]] | None = None
+    # None, one callback entry (a tuple: most futures have exactly one), or a list of them.
+    _callbacks: tuple[int, Any, Any] | list[tuple[int, Any, Any]] | None = None
     _asyncio_future_blocking = False
     _observed = False
     _ctx: RecordContext | None = None
@@ -131,12 +132,10 @@ class StateFuture(Generic[T]):
     def _run_callbacks(self) -> None:
         callbacks = self._callbacks
         self._callbacks = None
-        assert callbacks is not None
-        if len(callbacks) == 1:
-            kind, fn, target = callbacks[0]
-            self._dispatch(kind, fn, target)
+        if type(callbacks) is tuple:
+            self._dispatch(*callbacks)
             return
-        for kind, fn, target in callbacks:
+        for kind, fn, target in callbacks:  # type: ignore[union-attr,misc]
             self._dispatch(kind, fn, target)
 
     def _dispatch(self, kind: int, fn: Any, target: Any) -> None:
@@ -185,10 +184,13 @@ class StateFuture(Generic[T]):
             target._fail(self._exception)  # type: ignore[arg-type]
 
     def _add(self, entry: tuple[int, Any, Any]) -> None:
-        if self._callbacks is None:
-            self._callbacks = [entry]
+        callbacks = self._callbacks
+        if callbacks is None:
+            self._callbacks = entry
+        elif type(callbacks) is tuple:
+            self._callbacks = [callbacks, entry]
         else:
-            self._callbacks.append(entry)
+            callbacks.append(entry)  # type: ignore[union-attr]
 
     def _add_hook(self, fn: Callable[[StateFuture[T]], None]) -> None:
         """Run fn(self) once done: inline when already done (internal use)."""
@@ -341,11 +343,13 @@ class StateFuture(Generic[T]):
 
     def remove_done_callback(self, fn: Callable[[StateFuture[T]], Any]) -> int:
         """asyncio protocol: remove fn scheduled by add_done_callback; return the count."""
-        if not self._callbacks:
+        callbacks = self._callbacks
+        if callbacks is None:
             return 0
-        kept = [c for c in self._callbacks if not (c[0] == _ASYNCIO and c[1] == fn)]
-        removed = len(self._callbacks) - len(kept)
-        self._callbacks = kept or None
+        entries = [callbacks] if type(callbacks) is tuple else list(callbacks)
+        kept = [c for c in entries if not (c[0] == _ASYNCIO and c[1] == fn)]
+        removed = len(entries) - len(kept)
+        self._callbacks = None if not kept else kept[0] if len(kept) == 1 else kept
         return removed
 
     def cancel(self, msg: Any = None) -> bool:
