@@ -275,13 +275,6 @@ class AsyncExecutionController:
         fut._add_hook(lambda _: _enter_and_run(ctx, run))
         self._admit(StateRequest(None, _SYNC_POINT, None, NONE_BYTES, ctx, fut), allow_overdraft)
 
-    def new_context(self, record: Any, key: Any, key_bytes: bytes, key_group: int,
-                    timestamp: int | None, base_vars: contextvars.Context) -> RecordContext:
-        """A context for `start_record` (operators): it becomes current when it starts."""
-        ctx = RecordContext(record, key, key_bytes, key_group, self._dispose, timestamp)
-        ctx.vars = base_vars.copy()
-        return ctx
-
     def set_namespace(self, state: Any, namespace: Any) -> None:
         """Set the namespace the current record uses for `state` (None: the default)."""
         ctx = self.current()

@@ -182,20 +182,10 @@ class UserCodeDriver:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.always_task = always_task
 
-    def run(self, ctx: RecordContext, fn: Callable[..., Any], *args: Any) -> None:
-        """Call fn(*args) for `ctx` and follow its result. The caller runs this inside the
-        record's contextvars context and holds a reference on `ctx` meanwhile."""
-        try:
-            result = fn(*args)
-        except Exception as exc:  # noqa: BLE001 - user code failure fails the run
-            self._fail(exc)
-            return
-        if result is not None:
-            self.follow(ctx, result, fn)
-
     def follow(self, ctx: RecordContext, result: Any, fn: Callable[..., Any]) -> None:
         """Follow what user code `fn` returned for `ctx`: a StateFuture (its failure fails
-        the run) or a coroutine (stepped until done); anything else is a TypeError."""
+        the run) or a coroutine (stepped until done); anything else is a TypeError. The
+        caller runs this inside the record's contextvars context with a reference held."""
         tp = type(result)
         if tp is StateFuture:
             # A returned chain that fails later without a consumer is an unobserved failure
