@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from shared_functions import Counter
 
 import asyncstate as ast
 
@@ -35,16 +36,6 @@ def make_backend(request: pytest.FixtureRequest) -> Callable[[], Any]:
 
 def first(record: Any) -> Any:
     return record[0]
-
-
-class Counter(ast.KeyedProcessFunction):
-    def open(self, ctx):
-        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
-
-    async def process_element(self, value, ctx):
-        n = (await self.count.value() or 0) + 1
-        await self.count.update(n)
-        ctx.emit((ctx.current_key, n))
 
 
 class Step(ast.KeyedProcessFunction):

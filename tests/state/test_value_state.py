@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import copy
 
+from shared_functions import Counter
+
 import asyncstate as ast
 
 V = ast.ValueStateDescriptor
-
-
-class Counter(ast.KeyedProcessFunction):
-    """async def style: read, increment, write, emit."""
-
-    def open(self, ctx):
-        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
-
-    async def process_element(self, value, ctx):
-        n = (await self.count.value() or 0) + 1
-        await self.count.update(n)
-        ctx.emit((ctx.current_key, n))
 
 
 class ChainCounter(ast.KeyedProcessFunction):

@@ -1,0 +1,19 @@
+"""Keyed functions several test modules use (importable because tests/ holds conftest.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncstate as ast
+
+
+class Counter(ast.KeyedProcessFunction):
+    """async def style: read, increment, write, emit (key, count)."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+        n = (await self.count.value() or 0) + 1
+        await self.count.update(n)
+        ctx.emit((ctx.current_key, n))
