@@ -33,6 +33,10 @@ SUPPORTED_BACKENDS = [
     pytest.param(lambda tmp_path: ast.RocksDBBackend(
         tempfile.mkdtemp(prefix="asyncstate-") if tmp_path is None else str(tmp_path / "db")),
         id="rocksdb"),
+    # An inner backend that delivers from its own threads, behind the simulated network.
+    pytest.param(lambda tmp_path: ast.SimulatedRemoteBackend(ast.RocksDBBackend(
+        tempfile.mkdtemp(prefix="asyncstate-") if tmp_path is None else str(tmp_path / "db")),
+        latency_ms=0), id="remote0-rocksdb"),
 ]
 
 BACKEND_FACTORIES: dict[str, BackendFactory] = {p.id: p.values[0] for p in SUPPORTED_BACKENDS}
