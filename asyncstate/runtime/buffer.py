@@ -9,6 +9,7 @@ cuts the next batch short.
 
 from __future__ import annotations
 
+from asyncio import _get_running_loop
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,7 +39,7 @@ class StateRequestBuffer:
     """Active FIFO, blocking per-key FIFOs (with priorities) and the timeout generation."""
 
     __slots__ = ("_blocking", "_blocking_size", "_handle", "_on_timeout", "_scheduled_seq",
-                 "_scheduler", "_timeout_s", "active", "current_seq")
+                 "_scheduler", "_timeout_on", "_timeout_s", "active", "current_seq")
 
     def __init__(self, buffer_timeout_ms: int, on_timeout: Callable[[int], None],
                  scheduler: TimeoutScheduler | None) -> None:
@@ -49,7 +50,10 @@ class StateRequestBuffer:
         self._scheduled_seq = -1
         self._timeout_s = buffer_timeout_ms / 1000.0
         self._on_timeout = on_timeout
-        self._scheduler = scheduler if buffer_timeout_ms > 0 else None
+        # Without an explicit scheduler, timeouts go to the loop running when one is armed;
+        # with no loop running there is nothing that could fire it, and none is armed.
+        self._scheduler = scheduler
+        self._timeout_on = buffer_timeout_ms > 0
         self._handle: TimeoutHandle | None = None
 
     def __repr__(self) -> str:
@@ -61,21 +65,23 @@ class StateRequestBuffer:
     def enqueue_to_active(self, request: StateRequest) -> None:
         """Append a request whose record holds its key; arm the timeout for this generation."""
         self.active.append(request)
-        if self._scheduler is not None and self._scheduled_seq < self.current_seq:
+        if self._timeout_on and self._scheduled_seq < self.current_seq:
             self._arm()
 
     def arm_timeout(self) -> None:
         """Arm the timeout for the current generation, unless armed already (the controller
         calls this after appending to `active` itself on its hot path)."""
-        if self._scheduler is not None and self._scheduled_seq < self.current_seq:
+        if self._timeout_on and self._scheduled_seq < self.current_seq:
             self._arm()
 
     def _arm(self) -> None:
+        scheduler = self._scheduler if self._scheduler is not None else _get_running_loop()
+        if scheduler is None:
+            return
         if self._handle is not None:
             self._handle.cancel()
         seq = self._scheduled_seq = self.current_seq
-        assert self._scheduler is not None
-        self._handle = self._scheduler.call_later(self._timeout_s, self._fire, seq)
+        self._handle = scheduler.call_later(self._timeout_s, self._fire, seq)
 
     def _fire(self, seq: int) -> None:
         self._handle = None
@@ -95,7 +101,7 @@ class StateRequestBuffer:
     def advance_seq(self) -> None:
         """Start a new batch generation (after a batch was sent)."""
         self.current_seq += 1
-        if self.active and self._scheduler is not None:
+        if self.active and self._timeout_on:
             self._arm()  # leftovers get a deadline of their own
 
     # -- blocking queues ---------------------------------------------------------------------
@@ -187,4 +193,4 @@ class StateRequestBuffer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        self._scheduler = None
+        self._timeout_on = False

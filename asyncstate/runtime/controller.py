@@ -77,12 +77,6 @@ class AsyncExecutionController:
                                          MAX_MAX_PARALLELISM)
         check_int("iterator_chunk_size", iterator_chunk_size, 1)
         loop = _get_running_loop()
-        scheduler = timeout_scheduler if timeout_scheduler is not None else loop
-        if buffer_timeout_ms > 0 and scheduler is None:
-            raise InvalidStateError(
-                "buffer_timeout_ms > 0 needs a running event loop or a timeout_scheduler; "
-                "create the controller inside the loop, pass timeout_scheduler=..., or set "
-                "buffer_timeout_ms=0")
         self._loop = loop
         self._executor = executor
         self._immediate: Callable[..., Any] | None = (
@@ -90,7 +84,8 @@ class AsyncExecutionController:
             if getattr(executor, "completes_at_issue", False) else None)
         self._immediate_ops: list[Any] | None = (
             getattr(executor, "immediate_ops", None) if self._immediate is not None else None)
-        self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout, scheduler)
+        self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout,
+                                          timeout_scheduler)
         self._kau = KeyAccountingUnit()
         self._holders = self._kau._holders  # hot paths read the unit's map directly
         self._active = self._buffer.active

@@ -590,10 +590,31 @@ def test_controller_validates_its_limits() -> None:
         assert isinstance(info.value, ast.AsyncStateError)
 
 
-def test_buffer_timeout_without_loop_or_scheduler_is_refused() -> None:
-    with pytest.raises(ast.InvalidStateError, match="timeout_scheduler"):
-        ast.AsyncExecutionController(ManualExecutor(), batch_size=10, buffer_timeout_ms=5,
-                                     max_in_flight=10)
+def test_buffer_timeout_without_a_loop_arms_nothing_and_the_controller_still_works() -> None:
+    # Flink's scenarios use a 10 s timeout with a synchronous mailbox: no timer can fire.
+    h = Harness(batch_size=100, buffer_timeout_ms=10_000)
+    h.new_record("key1-r1", "key1")
+    h.u()
+    assert h.executor.pending_batch_num == 0
+    h.trig()
+    h.trig()
+    assert h.out == [1]
+    assert h.gauges() == IDLE
+
+
+def test_buffer_timeout_arms_on_the_loop_running_when_requests_arrive() -> None:
+    h = Harness(batch_size=10, buffer_timeout_ms=5)  # built outside any loop
+
+    async def main() -> list[int]:
+        h.new_record("r", "k")
+        h.get()
+        for _ in range(400):
+            if h.executor.pending_batch_num:
+                break
+            await asyncio.sleep(0.005)
+        return [len(b) for b in h.executor.pending_batches]
+
+    assert asyncio.run(main()) == [1]
 
 
 # -- buffer timeout --------------------------------------------------------------------------
