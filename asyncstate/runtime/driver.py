@@ -241,7 +241,7 @@ class UserCodeDriver:
                 _enter_task(loop, outer)
         if type(yielded) is StateFuture and yielded._state == _PENDING:
             yielded._asyncio_future_blocking = False
-            yielded._add((_CALL, task._resume, None))
+            yielded._add(_CALL, task._resume, None)
             return
         self._to_task(ctx, coro, yielded, task)
 

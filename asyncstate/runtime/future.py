@@ -75,8 +75,12 @@ class StateFuture(Generic[T]):
     _state = _PENDING
     _result: Any = None
     _exception: BaseException | None = None
-    # None, one callback entry (a tuple: most futures have exactly one), or a list of them.
-    _callbacks: tuple[int, Any, Any] | list[tuple[int, Any, Any]] | None = None
+    # The first callback lives in three attributes (most futures have exactly one, and no
+    # object is allocated for it); `_more` holds any further ones as (kind, fn, target).
+    _cb_kind: int | None = None  # the first callback's kind; None: no callback
+    _cb_fn: Any = None
+    _cb_target: Any = None
+    _more: list[tuple[int, Any, Any]] | None = None
     _asyncio_future_blocking = False
     _observed = False
     _ctx: RecordContext | None = None
@@ -106,13 +110,13 @@ class StateFuture(Generic[T]):
             raise InvalidStateError(f"{self!r} is already completed")
         self._exception = exc
         self._state = _FAILED
-        if self._callbacks is None and self._ctx is not None:
+        if self._cb_kind is None and self._ctx is not None:
             self._ctx.note_failure(self)
         self._finish()
 
     def _finish(self) -> None:
         ctx = self._ctx
-        if self._callbacks is not None:
+        if self._cb_kind is not None:
             if ctx is None or ctx.entered or ctx.vars is None:
                 self._run_callbacks()
             else:
@@ -130,13 +134,15 @@ class StateFuture(Generic[T]):
                 ctx.release_to_zero()
 
     def _run_callbacks(self) -> None:
-        callbacks = self._callbacks
-        self._callbacks = None
-        if type(callbacks) is tuple:
-            self._dispatch(*callbacks)
-            return
-        for kind, fn, target in callbacks:  # type: ignore[union-attr,misc]
-            self._dispatch(kind, fn, target)
+        kind = self._cb_kind
+        self._cb_kind = None
+        assert kind is not None
+        fn, target, more = self._cb_fn, self._cb_target, self._more
+        self._cb_fn = self._cb_target = self._more = None
+        self._dispatch(kind, fn, target)
+        if more is not None:
+            for entry in more:
+                self._dispatch(*entry)
 
     def _dispatch(self, kind: int, fn: Any, target: Any) -> None:
         if kind == _ASYNCIO:
@@ -176,26 +182,27 @@ class StateFuture(Generic[T]):
     def _forward_to(self, target: StateFuture[Any]) -> None:
         state = self._state
         if state == _PENDING:
-            self._add((_FORWARD, None, target))
+            self._add(_FORWARD, None, target)
         elif state == _DONE:
             target._complete(self._result)
         else:
             self._observed = True
             target._fail(self._exception)  # type: ignore[arg-type]
 
-    def _add(self, entry: tuple[int, Any, Any]) -> None:
-        callbacks = self._callbacks
-        if callbacks is None:
-            self._callbacks = entry
-        elif type(callbacks) is tuple:
-            self._callbacks = [callbacks, entry]
+    def _add(self, kind: int, fn: Any, target: Any) -> None:
+        if self._cb_kind is None:
+            self._cb_kind = kind
+            self._cb_fn = fn
+            self._cb_target = target
+        elif self._more is None:
+            self._more = [(kind, fn, target)]
         else:
-            callbacks.append(entry)  # type: ignore[union-attr]
+            self._more.append((kind, fn, target))
 
     def _add_hook(self, fn: Callable[[StateFuture[T]], None]) -> None:
         """Run fn(self) once done: inline when already done (internal use)."""
         if self._state == _PENDING:
-            self._add((_CALL, fn, None))
+            self._add(_CALL, fn, None)
         else:
             if self._state == _FAILED:
                 self._observed = True
@@ -228,7 +235,7 @@ class StateFuture(Generic[T]):
 
     def _chain(self, kind: int, fn: Any) -> StateFuture[Any]:
         target: StateFuture[Any] = StateFuture(self._ctx)
-        self._add((kind, fn, target))
+        self._add(kind, fn, target)
         return target
 
     def then_apply(self, fn: Callable[[T], U]) -> StateFuture[U]:
@@ -337,20 +344,20 @@ class StateFuture(Generic[T]):
         """asyncio protocol: schedule fn(self) on the running loop once done."""
         loop = _get_running_loop()
         if self._state == _PENDING:
-            self._add((_ASYNCIO, fn, (loop, context)))
+            self._add(_ASYNCIO, fn, (loop, context))
         else:
             loop.call_soon(fn, self, context=context)
 
     def remove_done_callback(self, fn: Callable[[StateFuture[T]], Any]) -> int:
         """asyncio protocol: remove fn scheduled by add_done_callback; return the count."""
-        callbacks = self._callbacks
-        if callbacks is None:
+        if self._cb_kind is None:
             return 0
-        entries = [callbacks] if type(callbacks) is tuple else list(callbacks)
+        entries = [(self._cb_kind, self._cb_fn, self._cb_target), *(self._more or ())]
         kept = [c for c in entries if not (c[0] == _ASYNCIO and c[1] == fn)]
-        removed = len(entries) - len(kept)
-        self._callbacks = None if not kept else kept[0] if len(kept) == 1 else kept
-        return removed
+        self._cb_kind = self._cb_fn = self._cb_target = self._more = None
+        for entry in kept:
+            self._add(*entry)
+        return len(entries) - len(kept)
 
     def cancel(self, msg: Any = None) -> bool:
         """State futures cannot be cancelled: always False."""
@@ -445,5 +452,5 @@ def combine_all(futures: Iterable[StateFuture[Any]]) -> StateFuture[list[Any]]:
             result._fail(f._exception)  # type: ignore[arg-type]
             return result
     for f in pending:
-        f._add((_CALL, one_done, None))
+        f._add(_CALL, one_done, None)
     return result
