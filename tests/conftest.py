@@ -38,24 +38,5 @@ def pytest_asyncio_loop_factories(
     """
     return _LOOP_FACTORIES
 
-
-# -- test doubles from asyncstate.testing (imported lazily: this file loads before the package
-# is needed by every test) ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def manual_clock():
-    """A `asyncstate.testing.ManualClock` starting at 0 ms."""
-    from asyncstate.testing import ManualClock
-
-    return ManualClock()
-
-
-@pytest.fixture
-def manual_executor():
-    """A `asyncstate.testing.ManualExecutor` with a fixed-seed rng (deterministic)."""
-    import random
-
-    from asyncstate.testing import ManualExecutor
-
-    return ManualExecutor(random.Random(0))
+# The `manual_clock` and `manual_executor` fixtures come from asyncstate's pytest plugin
+# (asyncstate/pytest_plugin.py, registered as a pytest11 entry point).
