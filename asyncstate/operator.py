@@ -39,7 +39,7 @@ from asyncstate.runtime.driver import UserCodeDriver, needs_task
 from asyncstate.runtime.future import _DONE, StateFuture
 from asyncstate.serde import canonical_key
 
-_hash = mmh3.hash
+_murmur3 = mmh3.hash
 
 __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "KeyedOperator", "run"]
 
@@ -219,7 +219,8 @@ class KeyedOperator:
     def _prepare(self, record: Any) -> tuple[Any, Any, bytes, int, int | None]:
         key = self._key_selector(record)
         key_bytes = canonical_key(key)
-        key_group = _hash(key_bytes, 0, False) % self._max_parallelism
+        # keygroups.key_group_of_bytes, inlined: one call less per record.
+        key_group = _murmur3(key_bytes, 0, False) % self._max_parallelism
         if not (self._kg_start <= key_group <= self._kg_end):
             raise self._foreign_key(key, key_group)
         ts = None

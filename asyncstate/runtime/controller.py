@@ -40,7 +40,7 @@ from asyncstate.runtime.context import (
     set_current_context,
 )
 from asyncstate.runtime.epoch import EpochManager
-from asyncstate.runtime.future import _DONE, StateFuture, completed_future, failed_future
+from asyncstate.runtime.future import _DONE, StateFuture, failed_future
 from asyncstate.runtime.key_accounting import KeyAccountingUnit
 from asyncstate.runtime.requests import StateRequest, StateRequestType
 from asyncstate.serde import NONE_BYTES, canonical_key
@@ -87,7 +87,7 @@ class AsyncExecutionController:
         self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
-        self._holders = self._kau._holders  # hot paths read the unit's map directly
+        self._holders = self._kau._holders  # start_record's fast path reads the map directly
         self._active = self._buffer.active
         self._epochs = EpochManager()
         self._in_flight = 0
@@ -161,65 +161,44 @@ class AsyncExecutionController:
                 "finished (a task or callback outlived its record)")
         return ctx
 
-    def handle_request(self, state: Any, request_type: StateRequestType,
-                       payload: Any) -> StateFuture[Any]:
-        """Issue a state request for the current record context; returns its future."""
-        ctx = current_context()
-        if ctx is None or ctx.finished:
-            ctx = self.current()
-        ns = NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
-        if ctx.key_occupied and self._immediate is not None:
-            # Hot path of an immediate backend: no request object, no pending future.
-            self.requests += 1
-            try:
-                op = self._immediate_ops[request_type] if self._immediate_ops else None
-                if op is not None:
-                    result = op(state.handle, (ctx.key_bytes, ns), payload)
-                else:
-                    result = self._immediate(state, request_type, payload, ctx.key_bytes, ns)
-            except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
-                self.fail(exc)
-                return failed_future(exc)
-            fut: StateFuture[Any] = _new_future(StateFuture)  # completed_future, inlined
-            fut._state = _DONE
-            fut._result = result
-            return fut
-        return self.issue(ctx, state, request_type, payload, ns)
+    def handle_request(self, state: Any, request_type: StateRequestType, payload: Any,
+                       ctx: RecordContext | None = None, ns: bytes | None = None
+                       ) -> StateFuture[Any]:
+        """Issue a state request; returns its future. It belongs to the current record
+        context and uses the namespace that context set for `state`, unless `ctx` and `ns`
+        are given (read-modify-write states keep both across their two requests)."""
+        if ctx is None:
+            ctx = current_context()
+            if ctx is None or ctx.finished:
+                ctx = self.current()
+        if ns is None:
+            ns = NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
 
-    def namespace_of(self, ctx: RecordContext, state: Any) -> bytes:
-        """The namespace bytes `ctx` currently uses for `state`."""
-        return NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
-
-    def issue(self, ctx: RecordContext, state: Any, request_type: StateRequestType,
-              payload: Any, ns: bytes) -> StateFuture[Any]:
-        """Issue a request for `ctx` with an explicit namespace (see `handle_request`)."""
         if self._closed:
             raise InvalidStateError("state accessed after the operator closed")
         self.requests += 1
         if ctx.key_occupied:
-            immediate = self._immediate
-            if immediate is not None:
+            if self._immediate is not None:
+                # Immediate executor: no request object, no pending future.
                 try:
-                    return completed_future(immediate(state, request_type, payload,
-                                                      ctx.key_bytes, ns))
+                    result = self._execute_now(state, request_type, payload, ctx.key_bytes, ns)
                 except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
                     self.fail(exc)
                     return failed_future(exc)
-            fut: StateFuture[Any] = StateFuture(ctx)
-            active = self._active
-            active.append(StateRequest(state, request_type, payload, ns, ctx, fut))
-            if len(active) == 1:
-                self._buffer.arm_timeout()
-            if len(active) >= self.batch_size:
-                self._trigger()
-            elif self._waiters and not self._running and not self._scheduled:
-                # Issued outside the trampoline (from a record's Task) while someone waits
-                # for progress: a trampoline pass sends it, together with its neighbours.
-                self._ensure_run()
+                fut: StateFuture[Any] = _new_future(StateFuture)  # completed_future, inlined
+                fut._state = _DONE
+                fut._result = result
+                return fut
+            fut = StateFuture(ctx)
+            self._enqueue_active(StateRequest(state, request_type, payload, ns, ctx, fut))
             return fut
         fut = StateFuture(ctx)
         self._admit(StateRequest(state, request_type, payload, ns, ctx, fut), False)
         return fut
+
+    def namespace_of(self, ctx: RecordContext, state: Any) -> bytes:
+        """The namespace bytes `ctx` currently uses for `state`."""
+        return NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
 
     def sync_point(self, callback: Callable[[], Any], *,
                    allow_overdraft: bool = False) -> StateFuture[Any]:
@@ -307,32 +286,48 @@ class AsyncExecutionController:
             self.in_flight_peak = self._in_flight
 
     def _occupy(self, ctx: RecordContext) -> bool:
-        holders = self._holders  # KeyAccountingUnit.occupy, inlined
-        key = ctx.key_bytes
-        if key in holders:
-            return False
-        holders[key] = ctx
-        ctx.key_occupied = True
-        return True
+        if self._kau.occupy(ctx, ctx.key_bytes):
+            ctx.key_occupied = True
+            return True
+        return False
 
     def _insert_active(self, request: StateRequest) -> None:
         if request.request_type is _SYNC_POINT:
             request.future._complete(None)
             return
-        immediate = self._immediate
-        if immediate is not None:
+        if self._immediate is not None:
             try:
-                result = immediate(request.state, request.request_type, request.payload,
-                                   request.context.key_bytes, request.namespace)
+                result = self._execute_now(request.state, request.request_type, request.payload,
+                                           request.context.key_bytes, request.namespace)
             except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
                 self.fail(exc)
                 request.future._fail(exc)
                 return
             request.future._complete(result)
             return
-        self._buffer.enqueue_to_active(request)
-        if len(self._buffer.active) >= self.batch_size:
+        self._enqueue_active(request)
+
+    def _execute_now(self, state: Any, request_type: StateRequestType, payload: Any,
+                     key_bytes: bytes, ns: bytes) -> Any:
+        """Run one request on the immediate executor (its operation table when it has one)."""
+        op = self._immediate_ops[request_type] if self._immediate_ops is not None else None
+        if op is not None:
+            return op(state.handle, (key_bytes, ns), payload)
+        return self._immediate(state, request_type, payload,  # type: ignore[misc]
+                               key_bytes, ns)
+
+    def _enqueue_active(self, request: StateRequest) -> None:
+        """Queue a request of a key-holding record; send a batch when it is full."""
+        active = self._active
+        active.append(request)
+        if len(active) == 1:
+            self._buffer.arm_timeout()
+        if len(active) >= self.batch_size:
             self._trigger()
+        elif self._waiters and not self._running and not self._scheduled:
+            # Issued outside the trampoline (from a record's Task) while someone waits for
+            # progress: a trampoline pass sends it, together with its neighbours.
+            self._ensure_run()
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -402,9 +397,7 @@ class AsyncExecutionController:
             if failure is not None:
                 self.fail(failure)
         key = ctx.key_bytes
-        holder = self._holders.pop(key, None)  # KeyAccountingUnit.release, inlined
-        if holder is not ctx:
-            raise InvalidStateError(f"key {ctx.key!r} released by {ctx!r} but held by {holder!r}")
+        self._kau.release(ctx, key)
         self._in_flight -= 1
         ctx.in_flight = False
         self.records_done += 1

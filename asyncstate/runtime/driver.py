@@ -100,15 +100,7 @@ class RecordTask:
 
     def _resume(self, _: StateFuture[Any]) -> None:
         """Step the coroutine again once the state future it awaited is done."""
-        ctx = self._ctx
-        if ctx.entered or ctx.vars is None:
-            self._driver._step(ctx, self._coro, self)
-        else:
-            ctx.entered = True
-            try:
-                ctx.vars.run(self._driver._step, ctx, self._coro, self)
-            finally:
-                ctx.entered = False
+        self._ctx.run(self._driver._step, self._ctx, self._coro, self)
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop

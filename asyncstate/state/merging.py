@@ -48,7 +48,7 @@ class _MergingState(InternalState):
         return prev.then_compose(lambda _: step(ns))
 
     def _read(self, ctx: RecordContext, ns: bytes) -> StateFuture[Any]:
-        return self._controller.issue(ctx, self, self._get_type, None, ns)
+        return self._controller.handle_request(self, self._get_type, None, ctx, ns)
 
     def _write_serialized(self, ctx: RecordContext,
                           step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[None]:
@@ -65,8 +65,8 @@ class _MergingState(InternalState):
 
         def step(ns: bytes) -> StateFuture[None]:
             def write(old: Any) -> StateFuture[None]:
-                return controller.issue(ctx, self, self._put_type,
-                                        to_stored(fold(old), self.name), ns)
+                return controller.handle_request(
+                    self, self._put_type, to_stored(fold(old), self.name), ctx, ns)
             return self._read(ctx, ns).then_compose(write)
 
         return self._write_serialized(ctx, step)
@@ -76,7 +76,7 @@ class _MergingState(InternalState):
         ctx = self._controller.current()
         controller = self._controller
         return self._write_serialized(
-            ctx, lambda ns: controller.issue(ctx, self, _T.CLEAR, None, ns))
+            ctx, lambda ns: controller.handle_request(self, _T.CLEAR, None, ctx, ns))
 
 
 class ReducingState(_MergingState, Generic[T]):
