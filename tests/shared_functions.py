@@ -17,3 +17,19 @@ class Counter(ast.KeyedProcessFunction):
         n = (await self.count.value() or 0) + 1
         await self.count.update(n)
         ctx.emit((ctx.current_key, n))
+
+
+class Sum(ast.AggregateFunction):
+    """Sums numbers; the accumulator is the running total."""
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: int, acc: int) -> int:
+        return acc + value
+
+    def get_result(self, acc: int) -> int:
+        return acc
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b

@@ -16,6 +16,7 @@ import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from shared_functions import Sum
 
 import asyncstate as ast
 
@@ -98,19 +99,6 @@ def test_future_helpers_work_without_a_loop():
 
 
 def test_descriptors_and_aggregate_function_base():
-    class Sum(ast.AggregateFunction):
-        def create_accumulator(self):
-            return 0
-
-        def add(self, value, acc):
-            return acc + value
-
-        def get_result(self, acc):
-            return acc
-
-        def merge(self, a, b):
-            return a + b
-
     descriptors = [ast.ValueStateDescriptor("v"), ast.ListStateDescriptor("l"),
                    ast.MapStateDescriptor("m"), ast.ReducingStateDescriptor("r", max),
                    ast.AggregatingStateDescriptor("a", Sum())]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from shared_functions import Sum
 
 import asyncstate as ast
 
@@ -100,7 +101,7 @@ async def test_namespaces_follow_key_rules(sh):
 
 async def test_list_map_and_merging_states_use_namespaces(sh):
     descriptors = dict(l=L("l"), m=M("m"), r=ast.ReducingStateDescriptor("r", lambda a, b: a + b),
-                       a=ast.AggregatingStateDescriptor("a", _Sum()))
+                       a=ast.AggregatingStateDescriptor("a", Sum()))
 
     def write(s, ctx):
         for ns, n in (("x", 1), ("y", 10)):
@@ -166,15 +167,3 @@ async def test_set_current_namespace_outside_a_record_raises(sh):
             pass
 
 
-class _Sum(ast.AggregateFunction):
-    def create_accumulator(self):
-        return 0
-
-    def add(self, value, acc):
-        return acc + value
-
-    def get_result(self, acc):
-        return acc
-
-    def merge(self, a, b):
-        return a + b
