@@ -6,6 +6,11 @@ the state requests of many keys go to the backend together in batches.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from asyncstate._compiled import select as _select_implementation
+
+# Compiled modules or their Python sources: decided before the first of them is imported.
+_select_implementation()
+
 from asyncstate.backends.heap import HeapBackend as HeapBackend
 from asyncstate.backends.remote import SimulatedRemoteBackend as SimulatedRemoteBackend
 from asyncstate.checkpoint.format import checkpoint_path as checkpoint_path

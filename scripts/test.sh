@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Install the test dependencies into ./.venv (created when missing) and run the test suite.
+# Install the test dependencies into ./.venv (created when missing) and run the test suite
+# twice: on the compiled hot-path modules, then on their Python sources (the reference
+# implementation, see asyncstate/_compiled.py).
 # Extra arguments are passed to pytest, e.g. `bash scripts/test.sh -k buffer -x`.
 set -euo pipefail
+# The install compiles the hot path; the first run below must test that build.
+unset ASYNCSTATE_PURE_PYTHON
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,4 +21,7 @@ if ! .venv/bin/python -m pip install -q -e '.[test]' >"$log" 2>&1; then
     exit 1
 fi
 rm -f "$log"
-exec .venv/bin/python -m pytest "$@"
+echo "== tests on the compiled modules"
+ASYNCSTATE_EXPECT_IMPLEMENTATION=compiled .venv/bin/python -m pytest "$@"
+echo "== tests on the Python sources (ASYNCSTATE_PURE_PYTHON=1)"
+ASYNCSTATE_PURE_PYTHON=1 ASYNCSTATE_EXPECT_IMPLEMENTATION=python .venv/bin/python -m pytest "$@"

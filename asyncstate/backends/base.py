@@ -38,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from asyncstate.runtime.requests import StateKind, StateRequest, StateRequestType
-
-if TYPE_CHECKING:
-    from asyncstate.state.base import InternalState
+from asyncstate.runtime.requests import (
+    RequestState,
+    StateKind,
+    StateRequest,
+    StateRequestType,
+)
 
 __all__ = [
     "BatchDelivery",
@@ -92,6 +94,6 @@ class StateExecutor(Protocol):
 class ImmediateExecutor(StateExecutor, Protocol):
     """An executor that can complete a request at issue time."""
 
-    def execute_one(self, state: InternalState, request_type: StateRequestType, payload: Any,
+    def execute_one(self, state: RequestState, request_type: StateRequestType, payload: Any,
                     key_bytes: bytes, namespace: bytes) -> Any:
         """Apply one request now and return its result (raises on failure)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mmh3
 import msgpack
@@ -13,11 +13,14 @@ import msgpack
 from asyncstate.backends.base import ExecutorBinding
 from asyncstate.errors import InvalidStateError, KeyGroupError
 from asyncstate.keygroups import KeyGroupRange
-from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
+from asyncstate.runtime.requests import (
+    IteratorChunk,
+    RequestState,
+    StateKind,
+    StateRequest,
+    StateRequestType,
+)
 from asyncstate.serde import Packed, decode_key, decode_value, from_stored
-
-if TYPE_CHECKING:
-    from asyncstate.state.base import InternalState
 
 __all__ = ["HeapBackend"]
 
@@ -229,7 +232,7 @@ class HeapBackend:
                 f"cannot register it again as {kind.value} state")
         return self._tables[name]
 
-    def execute_one(self, state: InternalState, request_type: StateRequestType, payload: Any,
+    def execute_one(self, state: RequestState, request_type: StateRequestType, payload: Any,
                     key_bytes: bytes, namespace: bytes) -> Any:
         if request_type is _T.ITERATOR_LOADING:
             return self._next_chunk(payload)

@@ -58,7 +58,6 @@ def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> A
 log = get_logger("asyncstate.controller")
 
 _SYNC_POINT = StateRequestType.SYNC_POINT
-_new_future = object.__new__
 _current_task = asyncio.current_task
 _get_running_loop = asyncio._get_running_loop
 
@@ -185,7 +184,8 @@ class AsyncExecutionController:
                 except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
                     self.fail(exc)
                     return failed_future(exc)
-                fut: StateFuture[Any] = _new_future(StateFuture)  # completed_future, inlined
+                # completed_future, inlined
+                fut: StateFuture[Any] = StateFuture.__new__(StateFuture)
                 fut._state = _DONE
                 fut._result = result
                 return fut

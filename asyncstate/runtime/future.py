@@ -169,7 +169,7 @@ class StateFuture(Generic[T]):
                 fn(value)
                 result = None
             else:  # _COMPOSE
-                inner = fn(value)
+                inner: object = fn(value)
                 if type(inner) is not StateFuture:
                     raise _not_a_future(fn, inner)
                 inner._forward_to(target)
@@ -270,7 +270,10 @@ class StateFuture(Generic[T]):
         state = self._state
         if state == _DONE:
             try:
-                inner = fn(self._result)
+                # Typed as returning object, so that a compiled build checks the result
+                # here (and names fn) rather than at the call.
+                call: Callable[[T], object] = fn
+                inner = call(self._result)
             except Exception as exc:  # noqa: BLE001
                 return failed_future(exc)
             if type(inner) is not StateFuture:
@@ -321,7 +324,7 @@ class StateFuture(Generic[T]):
         """A future of (condition(result), result of the chosen branch's future or None)."""
         def compose(value: T) -> StateFuture[tuple[bool, Any]]:
             if condition(value):
-                branch: Callable[[T], StateFuture[Any]] = if_true
+                branch: Callable[[T], object] = if_true  # checked below, naming branch
                 flag = True
             elif if_false is not None:
                 branch, flag = if_false, False
@@ -377,7 +380,8 @@ class StateFuture(Generic[T]):
             return self._result  # type: ignore[no-any-return]
         return self.result()
 
-    __iter__ = __await__
+    def __iter__(self) -> Generator[Any, None, T]:
+        return self.__await__()
 
 
 def _not_a_future(fn: Any, got: object) -> TypeError:
@@ -386,12 +390,11 @@ def _not_a_future(fn: Any, got: object) -> TypeError:
                      f"got {type(got).__name__}")
 
 
-_new = object.__new__
 
 
 def completed_future(value: T) -> StateFuture[T]:
     """A future already completed with `value`."""
-    fut: StateFuture[T] = _new(StateFuture)
+    fut: StateFuture[T] = StateFuture.__new__(StateFuture)
     fut._state = _DONE
     fut._result = value
     return fut

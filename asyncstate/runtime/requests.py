@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from asyncstate.runtime.context import RecordContext
     from asyncstate.runtime.future import StateFuture
-    from asyncstate.state.base import InternalState
 
-__all__ = ["IteratorChunk", "StateKind", "StateRequest", "StateRequestType"]
+__all__ = ["IteratorChunk", "RequestState", "StateKind", "StateRequest", "StateRequestType"]
 
 
 class StateKind(enum.Enum):
@@ -65,13 +64,21 @@ class IteratorChunk:
         return f"<IteratorChunk {len(self.items)} items, {more}>"
 
 
+class RequestState(Protocol):
+    """What an executor reads from the state of a request (a state object's public side)."""
+
+    name: str
+    kind: StateKind
+    handle: Any  # what the executor's register_state returned for this state
+
+
 class StateRequest:
     """One state request: state, type, payload, the namespace bytes captured when it was
     issued, the record context it belongs to, and the future it completes."""
 
     __slots__ = ("state", "request_type", "payload", "namespace", "context", "future")
 
-    def __init__(self, state: InternalState | None, request_type: StateRequestType,
+    def __init__(self, state: RequestState | None, request_type: StateRequestType,
                  payload: Any, namespace: bytes, context: RecordContext,
                  future: StateFuture[Any]) -> None:
         self.state = state

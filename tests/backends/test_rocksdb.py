@@ -22,6 +22,8 @@ from asyncstate.backends.rocksdb import RocksDBBackend, RocksDBOptions, _transla
 from asyncstate.backends.rocksdb_layout import _prefix_end, _skip
 from asyncstate.errors import BackendError, ConfigError, InvalidStateError
 from asyncstate.keygroups import key_group_of_bytes
+from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.future import StateFuture
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
 from asyncstate.serde import canonical_key, to_stored
 
@@ -47,13 +49,12 @@ class FakeState:
         self.handle = handle
 
 
-class FakeContext:
-    __slots__ = ("key", "key_bytes", "key_group")
-
-    def __init__(self, key: Any) -> None:
-        self.key = key
-        self.key_bytes = canonical_key(key)
-        self.key_group = key_group_of_bytes(self.key_bytes, MAX_PARALLELISM)
+def record_context(key: Any) -> RecordContext:
+    """A real record context for `key`, outside any controller (the backend reads only its
+    key bytes and key group)."""
+    key_bytes = canonical_key(key)
+    return RecordContext(None, key, key_bytes, key_group_of_bytes(key_bytes, MAX_PARALLELISM),
+                         None)
 
 
 # An operation in backend-neutral form: (state name, request type, user-level payload, key,
@@ -105,7 +106,7 @@ class Harness:
     def request(self, op: Op) -> StateRequest:
         name, t, payload, key, ns = op
         return StateRequest(self.states[name], t, stored_payload(name, t, payload),  # type: ignore[arg-type]
-                            canonical_key(ns), FakeContext(key), None)  # type: ignore[arg-type]
+                            canonical_key(ns), record_context(key), StateFuture())
 
     def submit(self, batch: list[StateRequest]) -> asyncio.Future[list[Any]]:
         future = self.loop.create_future()
@@ -133,8 +134,8 @@ class Harness:
             loads += 1
             assert loads <= 10_000, "the iteration does not end"
             loading = StateRequest(self.states[name], T.ITERATOR_LOADING,  # type: ignore[arg-type]
-                                   (t, continuation), canonical_key(ns), FakeContext(key),
-                                   None)  # type: ignore[arg-type]
+                                   (t, continuation), canonical_key(ns), record_context(key),
+                                   StateFuture())
             [chunk] = await self.submit([loading])
             items.extend(chunk.items)
             continuation = chunk.continuation
@@ -289,7 +290,8 @@ async def test_fully_loaded_while_every_io_slot_is_busy(tmp_path):
 
 async def test_failures_are_delivered_not_raised(rocks):
     rdb = Harness(rocks, asyncio.get_running_loop())
-    sync_point = StateRequest(None, T.SYNC_POINT, None, b"\xc0", FakeContext(1), None)  # type: ignore[arg-type]
+    sync_point = StateRequest(None, T.SYNC_POINT, None, b"\xc0", record_context(1),
+                              StateFuture())
     with pytest.raises(ValueError, match=r"^RocksDBBackend cannot execute SYNC_POINT$"):
         await rdb.submit([sync_point])
     rocks.close()
@@ -315,7 +317,7 @@ async def test_chunked_iteration_size_3_over_100_items(rocks):
         while continuation is not None:
             name, _t, _p, key, ns = op
             loading = StateRequest(rdb.states[name], T.ITERATOR_LOADING, (t, continuation),  # type: ignore[arg-type]
-                                   canonical_key(ns), FakeContext(key), None)  # type: ignore[arg-type]
+                                   canonical_key(ns), record_context(key), StateFuture())
             [chunk] = await rdb.submit([loading])
             assert 1 <= len(chunk.items) <= 3
             chunks += 1
@@ -610,7 +612,7 @@ async def test_restore_replaces_each_named_key_and_namespace_like_the_heap(tmp_p
         setup: list[Op] = [("l", T.LIST_ADD_ALL, [1, 2], "a", None),
                            ("l", T.LIST_ADD_ALL, [3], "a", "other"),
                            ("m", T.MAP_PUT_ALL, [("x", 1), ("y", 2)], "a", None)]
-        kg = FakeContext("a").key_group
+        kg = record_context("a").key_group
         entries = [["l", canonical_key("a"), canonical_key(None), [msgpack.packb(9)]],
                    ["m", canonical_key("a"), canonical_key(None), [[canonical_key("z"), b"\x03"]]]]
         reads: list[Op] = [("l", T.LIST_GET, None, "a", None),

@@ -1,0 +1,38 @@
+"""Build hook: compiles the hot-path modules with mypyc (metadata lives in pyproject.toml).
+
+Set ASYNCSTATE_PURE_PYTHON=1 while installing to skip the compilation; the package then runs
+its Python sources, which are the reference implementation (see asyncstate/_compiled.py).
+Next to the compiled modules the build writes `asyncstate/_compiled.stamp`, the digests of
+the sources they were compiled from, so that an edited source is never shadowed by an
+out-of-date compiled module.
+"""
+
+import os
+import runpy
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+_compiled = runpy.run_path(os.path.join("asyncstate", "_compiled.py"))
+
+
+class BuildExtWithStamp(build_ext):
+    def run(self) -> None:
+        super().run()
+        if self.extensions:
+            package_dir = os.path.dirname(self.get_ext_fullpath("asyncstate._compiled"))
+            os.makedirs(package_dir, exist_ok=True)
+            _compiled["write_stamp"](os.path.join(package_dir, _compiled["STAMP_NAME"]),
+                                     os.path.dirname(os.path.abspath(__file__)))
+
+
+def ext_modules() -> list:
+    if os.environ.get(_compiled["PURE_PYTHON_ENV"], "") not in ("", "0"):
+        return []
+    from mypyc.build import mypycify
+
+    paths = [os.path.join(*module.split(".")) + ".py" for module in _compiled["COMPILED_MODULES"]]
+    return mypycify(paths, opt_level="3", group_name="asyncstate")
+
+
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExtWithStamp})
