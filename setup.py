@@ -7,6 +7,7 @@ the sources they were compiled from, so that an edited source is never shadowed 
 out-of-date compiled module.
 """
 
+import glob
 import os
 import runpy
 
@@ -18,12 +19,22 @@ _compiled = runpy.run_path(os.path.join("asyncstate", "_compiled.py"))
 
 class BuildExtWithStamp(build_ext):
     def run(self) -> None:
+        if self.inplace:
+            self._remove_leftovers()
         super().run()
         if self.extensions:
             package_dir = os.path.dirname(self.get_ext_fullpath("asyncstate._compiled"))
             os.makedirs(package_dir, exist_ok=True)
             _compiled["write_stamp"](os.path.join(package_dir, _compiled["STAMP_NAME"]),
                                      os.path.dirname(os.path.abspath(__file__)))
+
+
+    def _remove_leftovers(self) -> None:
+        # A module no longer compiled must not stay shadowed by its old extension module.
+        wanted = {self.get_ext_fullpath(module) for module in _compiled["COMPILED_MODULES"]}
+        for path in glob.glob(os.path.join("asyncstate", "**", "*.so"), recursive=True):
+            if os.path.abspath(path) not in {os.path.abspath(w) for w in wanted}:
+                os.remove(path)
 
 
 def ext_modules() -> list:

@@ -35,13 +35,15 @@ __all__ = ["COMPILED_MODULES", "PURE_PYTHON_ENV", "STAMP_NAME", "mode", "select"
 PURE_PYTHON_ENV = "ASYNCSTATE_PURE_PYTHON"
 STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the compiled source}
 
-# The per-record path: futures, contexts, the controller and its parts, the states (they
-# share one compiled base class), the heap backend, and the operator that starts records.
+# The per-record path: futures, contexts, the controller and its parts, the coroutine
+# driver, the states (they share one compiled base class), the heap backend, and the
+# operator that starts records.
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
     "asyncstate.operator",
     "asyncstate.runtime.buffer",
     "asyncstate.runtime.context",
+    "asyncstate.runtime.driver",
     "asyncstate.runtime.controller",
     "asyncstate.runtime.epoch",
     "asyncstate.runtime.future",

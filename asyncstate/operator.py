@@ -104,6 +104,7 @@ class KeyedOperator:
         self._peak = 0
         self._blocked_seconds = 0.0
         self._process_element = function.process_element
+        self._run_record_fn = self._run_record  # one bound method, not one per record
         self._max_parallelism = config.max_parallelism
         self._kg_start = self.key_group_range.start
         self._kg_end = self.key_group_range.end
@@ -265,13 +266,11 @@ class KeyedOperator:
 
     def _drain_inbox(self, _: Any) -> None:
         inbox = self._inbox
-        popleft = inbox.popleft
-        start = self._start
         try:
             while inbox:
-                entry = popleft()
+                entry = inbox.popleft()
                 if type(entry) is tuple:  # a record: (record, key, key bytes, key group, ts)
-                    start(entry)
+                    self._start(entry)
                 else:  # an event: a callable
                     entry()
         finally:
@@ -302,7 +301,7 @@ class KeyedOperator:
         ctx = RecordContext(record, key, key_bytes, key_group, controller._dispose, ts)
         ctx.vars = self._base_vars.copy()  # type: ignore[union-attr]
         ctx._owner = self
-        controller.start_record(ctx, self._run_record)
+        controller.start_record(ctx, self._run_record_fn)
 
     def _run_record(self, ctx: RecordContext) -> None:
         # Runs inside the record's contextvars context with a reference held on ctx.

@@ -25,7 +25,7 @@ import asyncio
 import contextvars
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from asyncstate.backends.base import ExecutorBinding, StateExecutor
 from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
@@ -57,7 +57,7 @@ def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> A
 
 log = get_logger("asyncstate.controller")
 
-_SYNC_POINT = StateRequestType.SYNC_POINT
+_SYNC_POINT: Final = StateRequestType.SYNC_POINT
 _current_task = asyncio.current_task
 _get_running_loop = asyncio._get_running_loop
 

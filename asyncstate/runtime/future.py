@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator, Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from asyncstate.errors import InvalidStateError
 from asyncstate.runtime.context import current_context
@@ -52,17 +52,17 @@ T = TypeVar("T")
 U = TypeVar("U")
 V = TypeVar("V")
 
-_PENDING = 0
-_DONE = 1
-_FAILED = 2
+_PENDING: Final = 0
+_DONE: Final = 1
+_FAILED: Final = 2
 
 # Callback kinds: a callback entry is (kind, fn, target).
-_APPLY = 0  # target <- fn(value)
-_ACCEPT = 1  # fn(value); target <- None
-_COMPOSE = 2  # target <- result of the future fn(value) returns
-_FORWARD = 3  # target <- this future's outcome
-_CALL = 4  # fn(future) (internal hooks: coroutine driver, combine_all, record end)
-_ASYNCIO = 5  # loop.call_soon(fn, future, context=target[1]) with target = (loop, context)
+_APPLY: Final = 0  # target <- fn(value)
+_ACCEPT: Final = 1  # fn(value); target <- None
+_COMPOSE: Final = 2  # target <- result of the future fn(value) returns
+_FORWARD: Final = 3  # target <- this future's outcome
+_CALL: Final = 4  # fn(future) (internal hooks: coroutine driver, combine_all, record end)
+_ASYNCIO: Final = 5  # loop.call_soon(fn, future, context=target[1]) with target = (loop, context)
 
 _get_running_loop = asyncio.get_running_loop
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from asyncstate.runtime.requests import StateKind, StateRequestType
 
@@ -13,13 +13,13 @@ if TYPE_CHECKING:
 
 __all__ = ["InternalState"]
 
-_CLEAR = StateRequestType.CLEAR
+_CLEAR: Final = StateRequestType.CLEAR
 
 
 class InternalState:
     """A state bound to one operator: requests go through its controller to its backend."""
 
-    __slots__ = ("_controller", "_request", "descriptor", "handle", "kind", "name")
+    __slots__ = ("_controller", "descriptor", "handle", "kind", "name")
 
     kind: StateKind
 
@@ -30,14 +30,13 @@ class InternalState:
         self.kind = descriptor.kind
         self.handle = handle
         self._controller = controller
-        self._request = controller.handle_request
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
     def clear(self) -> StateFuture[None]:
         """Remove this state's entry for the current key and namespace."""
-        return self._request(self, _CLEAR, None)
+        return self._controller.handle_request(self, _CLEAR, None)
 
     def set_current_namespace(self, namespace: Any) -> None:
         """Use `namespace` (a key-like value; None is the default) for this state's later

@@ -41,8 +41,8 @@ class StateIterator(Generic[T]):
 
     def _load_next(self) -> StateFuture[StateIterator[T]]:
         state = self._state
-        return state._request(state, _LOADING, (self._request_type, self._continuation)
-                              ).then_apply(self._wrap)
+        return state._controller.handle_request(
+            state, _LOADING, (self._request_type, self._continuation)).then_apply(self._wrap)
 
     def _wrap(self, chunk: IteratorChunk) -> StateIterator[T]:
         return StateIterator(self._state, self._request_type, chunk)

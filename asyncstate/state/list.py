@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from asyncstate.runtime.future import StateFuture
 from asyncstate.runtime.requests import IteratorChunk, StateRequestType
@@ -14,10 +14,10 @@ from asyncstate.state.iterator import StateIterator
 __all__ = ["ListState", "stored_list"]
 
 T = TypeVar("T")
-_GET = StateRequestType.LIST_GET
-_ADD = StateRequestType.LIST_ADD
-_UPDATE = StateRequestType.LIST_UPDATE
-_ADD_ALL = StateRequestType.LIST_ADD_ALL
+_GET: Final = StateRequestType.LIST_GET
+_ADD: Final = StateRequestType.LIST_ADD
+_UPDATE: Final = StateRequestType.LIST_UPDATE
+_ADD_ALL: Final = StateRequestType.LIST_ADD_ALL
 
 
 def stored_list(values: Iterable[Any], state_name: str, what: str) -> list[Any]:
@@ -35,19 +35,21 @@ class ListState(InternalState, Generic[T]):
 
     def get(self) -> StateFuture[StateIterator[T]]:
         """A future of an iterator over the values (empty when unset)."""
-        return self._request(self, _GET, None).then_apply(self._iterator)
+        return self._controller.handle_request(self, _GET, None).then_apply(self._iterator)
 
     def _iterator(self, chunk: IteratorChunk) -> StateIterator[T]:
         return StateIterator(self, _GET, chunk)
 
     def add(self, value: T) -> StateFuture[None]:
         """Append a value."""
-        return self._request(self, _ADD, to_stored(value, self.name))
+        return self._controller.handle_request(self, _ADD, to_stored(value, self.name))
 
     def add_all(self, values: Iterable[T]) -> StateFuture[None]:
         """Append values in order (an empty list changes nothing)."""
-        return self._request(self, _ADD_ALL, stored_list(values, self.name, "add_all()"))
+        stored = stored_list(values, self.name, "add_all()")
+        return self._controller.handle_request(self, _ADD_ALL, stored)
 
     def update(self, values: Iterable[T]) -> StateFuture[None]:
         """Replace the list (an empty list clears it)."""
-        return self._request(self, _UPDATE, stored_list(values, self.name, "update()"))
+        stored = stored_list(values, self.name, "update()")
+        return self._controller.handle_request(self, _UPDATE, stored)

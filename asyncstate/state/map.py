@@ -29,12 +29,12 @@ class MapState(InternalState, Generic[K, V]):
 
     def get(self, key: K) -> StateFuture[V | None]:
         """A future of the value of `key`, or None."""
-        return self._request(self, _T.MAP_GET, self._user_key(key))
+        return self._controller.handle_request(self, _T.MAP_GET, self._user_key(key))
 
     def put(self, key: K, value: V | None) -> StateFuture[None]:
         """Set `key` to `value` (None removes it)."""
         stored = None if value is None else to_stored(value, self.name)
-        return self._request(self, _T.MAP_PUT, (self._user_key(key), stored))
+        return self._controller.handle_request(self, _T.MAP_PUT, (self._user_key(key), stored))
 
     def put_all(self, mapping: Mapping[K, V]) -> StateFuture[None]:
         """Set every key of `mapping`."""
@@ -43,31 +43,32 @@ class MapState(InternalState, Generic[K, V]):
                             f"got {type(mapping).__name__}")
         payload = [(self._user_key(k), None if v is None else to_stored(v, self.name))
                    for k, v in mapping.items()]
-        return self._request(self, _T.MAP_PUT_ALL, payload)
+        return self._controller.handle_request(self, _T.MAP_PUT_ALL, payload)
 
     def remove(self, key: K) -> StateFuture[None]:
         """Remove `key`."""
-        return self._request(self, _T.MAP_REMOVE, self._user_key(key))
+        return self._controller.handle_request(self, _T.MAP_REMOVE, self._user_key(key))
 
     def contains(self, key: K) -> StateFuture[bool]:
         """A future of whether `key` is present."""
-        return self._request(self, _T.MAP_CONTAINS, self._user_key(key))
+        return self._controller.handle_request(self, _T.MAP_CONTAINS, self._user_key(key))
 
     def is_empty(self) -> StateFuture[bool]:
         """A future of whether the map has no entries."""
-        return self._request(self, _T.MAP_IS_EMPTY, None)
+        return self._controller.handle_request(self, _T.MAP_IS_EMPTY, None)
 
     def entries(self) -> StateFuture[StateIterator[tuple[K, V]]]:
         """A future of an iterator over (key, value) tuples."""
-        return self._request(self, _T.MAP_ITER, None).then_apply(self._entries)
+        return self._controller.handle_request(self, _T.MAP_ITER, None).then_apply(self._entries)
 
     def keys(self) -> StateFuture[StateIterator[K]]:
         """A future of an iterator over the keys."""
-        return self._request(self, _T.MAP_ITER_KEY, None).then_apply(self._keys)
+        return self._controller.handle_request(self, _T.MAP_ITER_KEY, None).then_apply(self._keys)
 
     def values(self) -> StateFuture[StateIterator[V]]:
         """A future of an iterator over the values."""
-        return self._request(self, _T.MAP_ITER_VALUE, None).then_apply(self._values)
+        return self._controller.handle_request(self, _T.MAP_ITER_VALUE, None).then_apply(
+            self._values)
 
     def _entries(self, chunk: IteratorChunk) -> StateIterator[tuple[K, V]]:
         return StateIterator(self, _T.MAP_ITER, chunk)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from asyncstate.runtime.future import StateFuture
 from asyncstate.runtime.requests import StateRequestType
@@ -12,8 +12,8 @@ from asyncstate.state.base import InternalState
 __all__ = ["ValueState"]
 
 T = TypeVar("T")
-_GET = StateRequestType.VALUE_GET
-_UPDATE = StateRequestType.VALUE_UPDATE
+_GET: Final = StateRequestType.VALUE_GET
+_UPDATE: Final = StateRequestType.VALUE_UPDATE
 
 
 class ValueState(InternalState, Generic[T]):
@@ -23,9 +23,10 @@ class ValueState(InternalState, Generic[T]):
 
     def value(self) -> StateFuture[T | None]:
         """A future of the value, or None when unset."""
-        return self._request(self, _GET, None)
+        return self._controller.handle_request(self, _GET, None)
 
     def update(self, value: T | None) -> StateFuture[None]:
         """Set the value; None clears it."""
-        return self._request(self, _UPDATE, None if value is None else to_stored(value, self.name))
+        stored = None if value is None else to_stored(value, self.name)
+        return self._controller.handle_request(self, _UPDATE, stored)
 
