@@ -22,7 +22,7 @@ attribute ``completes_at_issue = True`` and has `execute_one`): the controller t
 `execute_one` at issue time, for records that hold their key, and completes the future at once.
 
 An immediate executor may also expose `immediate_ops`: a list indexed by request type of
-functions ``op(state.handle, (key_bytes, namespace), payload) -> result`` (None where
+functions ``op(state.handle, key_bytes, namespace, payload) -> result`` (None where
 `execute_one` must be used); the controller then calls them directly on its hot path.
 
 `fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial

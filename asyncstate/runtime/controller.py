@@ -312,7 +312,7 @@ class AsyncExecutionController:
         """Run one request on the immediate executor (its operation table when it has one)."""
         op = self._immediate_ops[request_type] if self._immediate_ops is not None else None
         if op is not None:
-            return op(state.handle, (key_bytes, ns), payload)
+            return op(state.handle, key_bytes, ns, payload)
         return self._immediate(state, request_type, payload,  # type: ignore[misc]
                                key_bytes, ns)
 

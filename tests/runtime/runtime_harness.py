@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncstate import AsyncExecutionController, StateRequestType, completed_future
+from asyncstate.backends.heap import _table_key
 from asyncstate.runtime.buffer import TimeoutScheduler
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.future import StateFuture
@@ -96,7 +97,7 @@ class Harness:
 
     def stored(self, key: Any, namespace: bytes = NONE_BYTES) -> Any:
         """The value the store holds for `key` (default namespace)."""
-        return self.state.handle.get((canonical_key(key), namespace))
+        return self.state.handle.get(_table_key(canonical_key(key), namespace))
 
     def drive_to_completion(self, limit: int = 100_000) -> None:
         """Complete pending batches and flush the active queue until nothing is left."""
