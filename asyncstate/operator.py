@@ -15,7 +15,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import mmh3
 
@@ -39,7 +39,7 @@ from asyncstate.runtime.driver import UserCodeDriver, needs_task
 from asyncstate.runtime.future import _DONE, StateFuture
 from asyncstate.serde import canonical_key
 
-_murmur3 = mmh3.hash
+_murmur3: Final = mmh3.hash
 
 __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "KeyedOperator", "run"]
 

@@ -19,7 +19,7 @@ keys such as timer timestamps.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -38,7 +38,7 @@ __all__ = [
     "to_stored",
 ]
 
-NONE_BYTES = b"\xc0"  # canonical bytes of None: the default namespace
+NONE_BYTES: Final = b"\xc0"  # canonical bytes of None: the default namespace
 _INT_MIN = -(2**63)
 _INT_END = 2**64
 _KEY_SCALARS = frozenset({type(None), bool, int, float, str, bytes})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from asyncstate.errors import InvalidStateError
 
@@ -25,10 +25,10 @@ __all__ = ["RecordContext", "current_context", "set_current_context"]
 
 R = TypeVar("R")
 
-_CURRENT: contextvars.ContextVar[RecordContext | None] = contextvars.ContextVar(
+_CURRENT: Final[contextvars.ContextVar[RecordContext | None]] = contextvars.ContextVar(
     "asyncstate_current_record", default=None)
 
-current_context = _CURRENT.get
+current_context: Final = _CURRENT.get
 """The RecordContext of the record whose code is running, or None."""
 
 

@@ -48,7 +48,7 @@ from asyncstate.serde import NONE_BYTES, canonical_key
 __all__ = ["AsyncExecutionController"]
 
 
-_set_current = _CURRENT.set
+_set_current: Final = _CURRENT.set
 
 
 def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> Any:
@@ -58,8 +58,8 @@ def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> A
 log = get_logger("asyncstate.controller")
 
 _SYNC_POINT: Final = StateRequestType.SYNC_POINT
-_current_task = asyncio.current_task
-_get_running_loop = asyncio._get_running_loop
+_current_task: Final = asyncio.current_task
+_get_running_loop: Final = asyncio._get_running_loop
 
 
 class AsyncExecutionController:

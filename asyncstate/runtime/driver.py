@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import types
 from collections.abc import Callable, Coroutine, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from asyncstate.runtime.future import _CALL, _FAILED, _PENDING, StateFuture
 
@@ -34,11 +34,11 @@ __all__ = ["RecordTask", "UserCodeDriver", "needs_task"]
 _TASK_NAMES = frozenset({"timeout", "timeout_at", "current_task", "TaskGroup", "Timeout"})
 _SCAN_LIMIT = 400  # code objects examined per function, at most
 
-_CoroutineType = types.CoroutineType
-_current_task = asyncio.current_task
+_CoroutineType: Final = types.CoroutineType
+_current_task: Final = asyncio.current_task
 # asyncio registers the current task per loop; the stand-in only needs the lookups to work.
-_enter_task: Callable[[Any, Any], None] = asyncio.tasks._enter_task
-_leave_task: Callable[[Any, Any], None] = asyncio.tasks._leave_task
+_enter_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._enter_task
+_leave_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._leave_task
 
 
 def needs_task(fn: Callable[..., Any]) -> bool:

@@ -64,7 +64,7 @@ _FORWARD: Final = 3  # target <- this future's outcome
 _CALL: Final = 4  # fn(future) (internal hooks: coroutine driver, combine_all, record end)
 _ASYNCIO: Final = 5  # loop.call_soon(fn, future, context=target[1]) with target = (loop, context)
 
-_get_running_loop = asyncio.get_running_loop
+_get_running_loop: Final = asyncio.get_running_loop
 
 
 class StateFuture(Generic[T]):
