@@ -37,7 +37,7 @@ STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the com
 
 # The per-record path: futures, contexts, the controller and its parts, the coroutine
 # driver, the states (they share one compiled base class), the heap backend, and the
-# operator that starts records.
+# operator that starts records. (`runtime/stepping.py` stays interpreted: see its docstring.)
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
     "asyncstate.operator",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Final
 
 from asyncstate.runtime.future import _CALL, _FAILED, _PENDING, StateFuture
+from asyncstate.runtime.stepping import FINISHED, step
 
 if TYPE_CHECKING:
     from asyncstate.runtime.context import RecordContext
@@ -209,13 +210,9 @@ class UserCodeDriver:
         try:
             if task._must_cancel:
                 task._must_cancel = False
-                yielded = coro.throw(asyncio.CancelledError(task._cancel_message))
+                yielded = step(coro, asyncio.CancelledError(task._cancel_message))
             else:
-                yielded = coro.send(None)
-        except StopIteration:
-            task._done = True
-            ctx.release()
-            return
+                yielded = step(coro, None)
         except Exception as exc:  # noqa: BLE001 - user code failure fails the run
             task._done = True
             self._fail(exc)
@@ -231,6 +228,10 @@ class UserCodeDriver:
             _leave_task(loop, task)
             if outer is not None:
                 _enter_task(loop, outer)
+        if yielded is FINISHED:
+            task._done = True
+            ctx.release()
+            return
         if type(yielded) is StateFuture and yielded._state == _PENDING:
             yielded._asyncio_future_blocking = False
             yielded._add(_CALL, task._resume, None)
