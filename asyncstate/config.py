@@ -9,6 +9,7 @@ from asyncstate.errors import ConfigError
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_BUFFER_TIMEOUT_MS",
+    "DEFAULT_GC_THRESHOLD",
     "DEFAULT_ITERATOR_CHUNK_SIZE",
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_PARALLELISM",
@@ -21,6 +22,8 @@ DEFAULT_BUFFER_TIMEOUT_MS = 1000
 DEFAULT_MAX_IN_FLIGHT = 6000
 DEFAULT_MAX_PARALLELISM = 128
 DEFAULT_ITERATOR_CHUNK_SIZE = 1000
+# First threshold of the cyclic GC while an operator runs (see asyncstate/runtime/gc_threshold.py).
+DEFAULT_GC_THRESHOLD = 50_000
 MAX_MAX_PARALLELISM = 32768  # Flink's upper bound: key groups fit in two bytes.
 
 
@@ -44,6 +47,10 @@ class AsyncStateConfig:
     max_in_flight: most records admitted and not yet finished; admission waits beyond it.
     max_parallelism: number of key groups, 1..32768; fixed for the life of the state.
     iterator_chunk_size: elements loaded per step when iterating list or map state.
+    gc_threshold: while the operator is open, the cyclic garbage collector's first threshold
+        is at least this many allocations (restored when the last operator closes), so that
+        records in flight are not promoted into costly full collections; None leaves the
+        collector's settings alone.
     """
 
     batch_size: int = DEFAULT_BATCH_SIZE
@@ -51,6 +58,7 @@ class AsyncStateConfig:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     iterator_chunk_size: int = DEFAULT_ITERATOR_CHUNK_SIZE
+    gc_threshold: int | None = DEFAULT_GC_THRESHOLD
 
     def __post_init__(self) -> None:
         check_int("batch_size", self.batch_size, 1)
@@ -58,3 +66,5 @@ class AsyncStateConfig:
         check_int("max_in_flight", self.max_in_flight, 1)
         check_int("max_parallelism", self.max_parallelism, 1, MAX_MAX_PARALLELISM)
         check_int("iterator_chunk_size", self.iterator_chunk_size, 1)
+        if self.gc_threshold is not None:
+            check_int("gc_threshold", self.gc_threshold, 1)

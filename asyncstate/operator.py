@@ -33,6 +33,7 @@ from asyncstate.keygroups import (
     compute_key_group_range_for_operator_index,
 )
 from asyncstate.log import get_logger
+from asyncstate.runtime import gc_threshold
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
@@ -134,6 +135,8 @@ class KeyedOperator:
         self._driver = UserCodeDriver(loop, controller.fail, always_task)
         self._base_vars = contextvars.copy_context()
         self._state = "open"
+        if config.gc_threshold is not None:
+            gc_threshold.hold(config.gc_threshold)
         try:
             restored = self._restore() if self.restore_from is not None else None
             self.runtime_context = RuntimeContext(
@@ -160,6 +163,7 @@ class KeyedOperator:
     def _close(self) -> None:
         if self._state == "closed":
             return
+        opened = self._state == "open"
         self._state = "closed"
         try:
             if self._driver is not None:
@@ -168,6 +172,8 @@ class KeyedOperator:
                 self._controller.close()
             self.function.close()
         finally:
+            if opened and self.config.gc_threshold is not None:
+                gc_threshold.release(self.config.gc_threshold)
             self.backend.close()
 
     def _ready(self) -> AsyncExecutionController:
