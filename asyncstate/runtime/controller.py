@@ -48,12 +48,17 @@ from asyncstate.serde import NONE_BYTES, canonical_key
 __all__ = ["AsyncExecutionController"]
 
 
+# Final: compiled modules read these names without a dict lookup.
 _set_current: Final = _CURRENT.set
+_NONE_NS: Final = NONE_BYTES
 
 
 def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> Any:
     _set_current(ctx)
     return run(ctx)
+
+
+_ENTER_AND_RUN: Final = _enter_and_run  # passed as a value on the hot path (see above)
 
 log = get_logger("asyncstate.controller")
 
@@ -171,7 +176,7 @@ class AsyncExecutionController:
             if ctx is None or ctx.finished:
                 ctx = self.current()
         if ns is None:
-            ns = NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
+            ns = _NONE_NS if ctx.namespaces is None else ctx.namespaces.get(state, _NONE_NS)
 
         if self._closed:
             raise InvalidStateError("state accessed after the operator closed")
@@ -184,8 +189,7 @@ class AsyncExecutionController:
                 except Exception as exc:  # noqa: BLE001 - a backend failure fails the run
                     self.fail(exc)
                     return failed_future(exc)
-                # completed_future, inlined
-                fut: StateFuture[Any] = StateFuture.__new__(StateFuture)
+                fut: StateFuture[Any] = StateFuture()  # completed_future, inlined
                 fut._state = _DONE
                 fut._result = result
                 return fut
@@ -237,7 +241,7 @@ class AsyncExecutionController:
                 ctx.ref_count += 1
                 ctx.entered = True
                 try:
-                    ctx.vars.run(_enter_and_run, ctx, run)  # type: ignore[union-attr]
+                    ctx.vars.run(_ENTER_AND_RUN, ctx, run)  # type: ignore[union-attr]
                 finally:
                     ctx.entered = False
                 ctx.ref_count -= 1

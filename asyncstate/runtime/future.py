@@ -394,7 +394,7 @@ def _not_a_future(fn: Any, got: object) -> TypeError:
 
 def completed_future(value: T) -> StateFuture[T]:
     """A future already completed with `value`."""
-    fut: StateFuture[T] = StateFuture.__new__(StateFuture)
+    fut: StateFuture[T] = StateFuture()
     fut._state = _DONE
     fut._result = value
     return fut
