@@ -13,7 +13,6 @@ import contextvars
 import functools
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -98,7 +97,8 @@ class KeyedOperator:
         self._driver: UserCodeDriver | None = None
         self._base_vars: contextvars.Context | None = None
         self._outputs: list[Any] = []
-        self._inbox: deque[Any] = deque()  # record items (tuples) and events (callables)
+        # Record items (tuples) and events (callables), drained from the front by index.
+        self._inbox: list[Any] = []
         self._inbox_posted = False
         self._queued = 0
         self._state = "new"  # new -> open -> closed
@@ -108,6 +108,7 @@ class KeyedOperator:
         self._blocked_seconds = 0.0
         self._process_element = function.process_element
         self._run_record_fn = self._run_record  # one bound method, not one per record
+        self._dispose_fn: Callable[[RecordContext], None] | None = None  # the controller's
         self._max_parallelism = config.max_parallelism
         self._kg_start = self.key_group_range.start
         self._kg_end = self.key_group_range.end
@@ -131,6 +132,7 @@ class KeyedOperator:
             max_parallelism=config.max_parallelism,
             iterator_chunk_size=config.iterator_chunk_size)
         self._controller = controller
+        self._dispose_fn = controller._dispose
         always_task = self.function.needs_task
         if always_task is None:
             always_task = needs_task(self._process_element)
@@ -274,14 +276,17 @@ class KeyedOperator:
 
     def _drain_inbox(self, _: Any) -> None:
         inbox = self._inbox
+        done = 0
         try:
-            while inbox:
-                entry = inbox.popleft()
+            while done < len(inbox):  # entries appended meanwhile are drained too
+                entry = inbox[done]
+                done += 1
                 if type(entry) is tuple:  # a record: (record, key, key bytes, key group, ts)
                     self._start(entry)
                 else:  # an event: a callable
                     entry()
         finally:
+            del inbox[:done]
             self._inbox_posted = False
 
     def _post_event(self, fn: Callable[[Any], None], arg: Any) -> None:
@@ -306,7 +311,7 @@ class KeyedOperator:
         if controller._failure is not None:
             return
         record, key, key_bytes, key_group, ts = item
-        ctx = RecordContext(record, key, key_bytes, key_group, controller._dispose, ts)
+        ctx = RecordContext(record, key, key_bytes, key_group, self._dispose_fn, ts)
         ctx.vars = self._base_vars.copy()  # type: ignore[union-attr]
         ctx._owner = self
         controller.start_record(ctx, self._run_record_fn)
@@ -319,7 +324,9 @@ class KeyedOperator:
             self._controller.fail(exc)  # type: ignore[union-attr]
             return
         if result is not None and not (type(result) is StateFuture and result._state == _DONE):
-            self._driver.follow(ctx, result, self._process_element)  # type: ignore[union-attr]
+            driver = self._driver
+            assert driver is not None  # narrowed: a compiled build calls follow directly
+            driver.follow(ctx, result, self._process_element)
 
     def emit(self, value: Any) -> None:
         """Collect an emitted value (called through a record's ctx)."""

@@ -35,8 +35,11 @@ __all__ = ["RecordTask", "UserCodeDriver", "needs_task"]
 _TASK_NAMES = frozenset({"timeout", "timeout_at", "current_task", "TaskGroup", "Timeout"})
 _SCAN_LIMIT = 400  # code objects examined per function, at most
 
+# Final: the compiled module reads these names without a dict lookup.
 _CoroutineType: Final = types.CoroutineType
 _current_task: Final = asyncio.current_task
+_FINISHED: Final = FINISHED
+_step_coroutine: Final = step
 # asyncio registers the current task per loop; the stand-in only needs the lookups to work.
 _enter_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._enter_task
 _leave_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._leave_task
@@ -210,9 +213,9 @@ class UserCodeDriver:
         try:
             if task._must_cancel:
                 task._must_cancel = False
-                yielded = step(coro, asyncio.CancelledError(task._cancel_message))
+                yielded = _step_coroutine(coro, asyncio.CancelledError(task._cancel_message))
             else:
-                yielded = step(coro, None)
+                yielded = _step_coroutine(coro, None)
         except Exception as exc:  # noqa: BLE001 - user code failure fails the run
             task._done = True
             self._fail(exc)
@@ -228,7 +231,7 @@ class UserCodeDriver:
             _leave_task(loop, task)
             if outer is not None:
                 _enter_task(loop, outer)
-        if yielded is FINISHED:
+        if yielded is _FINISHED:
             task._done = True
             ctx.release()
             return
