@@ -123,7 +123,7 @@ class StateFuture(Generic[T]):
                 # RecordContext.run, inlined: callbacks run in the record's contextvars.
                 ctx.entered = True
                 try:
-                    ctx.vars.run(self._run_callbacks)
+                    ctx.vars.run(_RUN_CALLBACKS, self)
                 finally:
                     ctx.entered = False
         if ctx is not None:
@@ -148,19 +148,20 @@ class StateFuture(Generic[T]):
         if kind == _ASYNCIO:
             target[0].call_soon(fn, self, context=target[1])
             return
-        if self._state == _FAILED:
-            self._observed = True
-            if kind == _CALL:
-                fn(self)
-            else:
-                target._fail(self._exception)
-            return
-        value = self._result
         if kind == _CALL:
+            if self._state == _FAILED:
+                self._observed = True
             fn(self)
             return
+        # Every other kind completes a StateFuture: typed, a compiled build calls it directly.
+        chained: StateFuture[Any] = target
+        if self._state == _FAILED:
+            self._observed = True
+            chained._fail(self._exception)  # type: ignore[arg-type]
+            return
+        value = self._result
         if kind == _FORWARD:
-            target._complete(value)
+            chained._complete(value)
             return
         try:
             if kind == _APPLY:
@@ -172,12 +173,12 @@ class StateFuture(Generic[T]):
                 inner: object = fn(value)
                 if type(inner) is not StateFuture:
                     raise _not_a_future(fn, inner)
-                inner._forward_to(target)
+                inner._forward_to(chained)
                 return
         except Exception as exc:  # noqa: BLE001 - a callback failure fails the chain
-            target._fail(exc)
+            chained._fail(exc)
             return
-        target._complete(result)
+        chained._complete(result)
 
     def _forward_to(self, target: StateFuture[Any]) -> None:
         state = self._state
@@ -382,6 +383,10 @@ class StateFuture(Generic[T]):
 
     def __iter__(self) -> Generator[Any, None, T]:
         return self.__await__()
+
+
+# Passed to Context.run as a plain function: no bound method per completion.
+_RUN_CALLBACKS: Final = StateFuture._run_callbacks
 
 
 def _not_a_future(fn: Any, got: object) -> TypeError:
