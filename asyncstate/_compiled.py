@@ -36,8 +36,9 @@ PURE_PYTHON_ENV = "ASYNCSTATE_PURE_PYTHON"
 STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the compiled source}
 
 # The per-record path: futures, contexts, the controller and its parts, the coroutine
-# driver, the states (they share one compiled base class), the heap backend, and the
-# operator that starts records. (`runtime/stepping.py` stays interpreted: see its docstring.)
+# driver, the states (they share one compiled base class), key and value encoding, the
+# heap backend, and the operator that starts records. `runtime/stepping.py` and
+# `packed.py` stay interpreted on purpose (see their docstrings).
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
     "asyncstate.operator",
@@ -49,6 +50,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.runtime.future",
     "asyncstate.runtime.key_accounting",
     "asyncstate.runtime.requests",
+    "asyncstate.serde",
     "asyncstate.state.base",
     "asyncstate.state.list",
     "asyncstate.state.map",

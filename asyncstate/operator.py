@@ -39,9 +39,7 @@ from asyncstate.runtime.driver import UserCodeDriver, needs_task
 from asyncstate.runtime.future import _DONE, StateFuture
 from asyncstate.serde import canonical_key
 
-# Final: compiled modules read these names without a dict lookup.
-_murmur3: Final = mmh3.hash
-_canonical_key: Final = canonical_key
+_murmur3: Final = mmh3.hash  # Final: the compiled module reads it without a dict lookup
 
 __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "KeyedOperator", "run"]
 
@@ -229,7 +227,7 @@ class KeyedOperator:
 
     def _prepare(self, record: Any) -> tuple[Any, Any, bytes, int, int | None]:
         key = self._key_selector(record)
-        key_bytes = _canonical_key(key)
+        key_bytes = canonical_key(key)
         # keygroups.key_group_of_bytes, inlined: one call less per record.
         key_group = _murmur3(key_bytes, 0, False) % self._max_parallelism
         if not (self._kg_start <= key_group <= self._kg_end):

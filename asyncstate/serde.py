@@ -24,6 +24,7 @@ from typing import Any, Final
 import msgpack
 
 from asyncstate.errors import SerializationError
+from asyncstate.packed import Packed as Packed
 
 __all__ = [
     "NONE_BYTES",
@@ -39,21 +40,15 @@ __all__ = [
 ]
 
 NONE_BYTES: Final = b"\xc0"  # canonical bytes of None: the default namespace
-_INT_MIN = -(2**63)
-_INT_END = 2**64
-_KEY_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
-_VALUE_SCALARS = _KEY_SCALARS
-_unpackb = msgpack.unpackb
+_INT_MIN: Final = -(2**63)
+_INT_END: Final = 2**64
+_KEY_SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes})
+_VALUE_SCALARS: Final = _KEY_SCALARS
+_unpackb: Final = msgpack.unpackb
 # One reusable Packer (4x cheaper than msgpack.packb per call). Packing exact builtin types
 # with no `default` hook never calls back into Python, so each call holds the GIL from start
 # to end and the shared buffer cannot be interleaved by another thread.
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-
-
-class Packed(bytes):
-    """A value already encoded with msgpack (the stored form of non-scalar values)."""
-
-    __slots__ = ()
+_packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 def _describe(what: str, state_name: str | None) -> str:

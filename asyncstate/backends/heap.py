@@ -25,10 +25,7 @@ from asyncstate.serde import NONE_BYTES, Packed, decode_key, decode_value, from_
 __all__ = ["HeapBackend"]
 
 _T = StateRequestType
-# Final: the compiled module reads these names without a dict lookup.
-_NONE_NS: Final = NONE_BYTES
-_Packed: Final = Packed
-_decode_value: Final = decode_value
+_Packed: Final = Packed  # Final: the compiled module reads it without a dict lookup
 # An entry of the default namespace is keyed by its key bytes alone; any other namespace by
 # (key bytes, namespace bytes). bytes never equal tuples, so the two cannot collide, and the
 # common case hashes and compares one bytes object instead of a tuple (about 2x faster on a
@@ -51,7 +48,7 @@ _PACKED_FIRST_BYTES = frozenset(
 
 def _table_key(key_bytes: bytes, ns: bytes) -> TableKey:
     """The table key of an entry (see `TableKey`); the value ops inline it."""
-    return key_bytes if ns == _NONE_NS else (key_bytes, ns)
+    return key_bytes if ns == NONE_BYTES else (key_bytes, ns)
 
 
 def _encode_list(stored: list[Any], packb: Callable[[Any], bytes]) -> list[bytes]:
@@ -278,19 +275,19 @@ class HeapBackend:
 
     @staticmethod
     def _clear(table: Table, key: bytes, ns: bytes, payload: Any) -> None:
-        table.pop(key if ns == _NONE_NS else (key, ns), None)
+        table.pop(key if ns == NONE_BYTES else (key, ns), None)
 
     @staticmethod
     def _value_get(table: Table, key: bytes, ns: bytes, payload: Any) -> Any:
-        stored = table.get(key if ns == _NONE_NS else (key, ns))
-        return _decode_value(stored) if type(stored) is _Packed else stored
+        stored = table.get(key if ns == NONE_BYTES else (key, ns))
+        return decode_value(stored) if type(stored) is _Packed else stored
 
     @staticmethod
     def _value_update(table: Table, key: bytes, ns: bytes, payload: Any) -> None:
         if payload is None:
-            table.pop(key if ns == _NONE_NS else (key, ns), None)
+            table.pop(key if ns == NONE_BYTES else (key, ns), None)
         else:
-            table[key if ns == _NONE_NS else (key, ns)] = payload
+            table[key if ns == NONE_BYTES else (key, ns)] = payload
 
     def _chunk_of(self, request_type: StateRequestType, items: list[Any],
                   offset: int) -> IteratorChunk:

@@ -50,7 +50,6 @@ __all__ = ["AsyncExecutionController"]
 
 # Final: compiled modules read these names without a dict lookup.
 _set_current: Final = _CURRENT.set
-_NONE_NS: Final = NONE_BYTES
 
 
 def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> Any:
@@ -176,7 +175,7 @@ class AsyncExecutionController:
             if ctx is None or ctx.finished:
                 ctx = self.current()
         if ns is None:
-            ns = _NONE_NS if ctx.namespaces is None else ctx.namespaces.get(state, _NONE_NS)
+            ns = NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
 
         if self._closed:
             raise InvalidStateError("state accessed after the operator closed")

@@ -14,7 +14,6 @@ __all__ = ["ValueState"]
 T = TypeVar("T")
 _GET: Final = StateRequestType.VALUE_GET
 _UPDATE: Final = StateRequestType.VALUE_UPDATE
-_to_stored: Final = to_stored  # Final: the compiled module reads it without a dict lookup
 
 
 class ValueState(InternalState, Generic[T]):
@@ -28,6 +27,6 @@ class ValueState(InternalState, Generic[T]):
 
     def update(self, value: T | None) -> StateFuture[None]:
         """Set the value; None clears it."""
-        stored = None if value is None else _to_stored(value, self.name)
+        stored = None if value is None else to_stored(value, self.name)
         return self._controller.handle_request(self, _UPDATE, stored)
 
