@@ -37,6 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import asyncstate as ast
+from asyncstate import _compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench-results"
@@ -98,6 +99,8 @@ class Bench:
             "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg")
             else None,
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "asyncstate_modules": _compiled.mode(),  # compiled, or the Python sources
+            "gc_threshold_default": ast.AsyncStateConfig().gc_threshold,
         }
         if self.loop_name == "uvloop":
             env["uvloop"] = importlib.metadata.version("uvloop")
@@ -107,7 +110,8 @@ class Bench:
         env = self.environment()
         loop = env["loop"] + (f" {env['uvloop']}" if "uvloop" in env else "")
         load = env["load_average_at_start"]
-        return (f"{env['implementation']} {env['python']}, loop {loop}, "
+        return (f"{env['implementation']} {env['python']}, loop {loop}, asyncstate "
+                f"{env['asyncstate_modules']}, "
                 f"{env['cores_usable']} of {env['cores']} cores usable, {env['machine']}"
                 + (f", load average {load[0]:.2f}" if load else ""))
 
