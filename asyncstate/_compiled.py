@@ -37,10 +37,13 @@ STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the com
 
 # The per-record path: futures, contexts, the controller and its parts, the coroutine
 # driver, the states (they share one compiled base class), key and value encoding, the
-# heap backend, and the operator that starts records. `runtime/stepping.py` and
+# heap and RocksDB backends, and the operator that starts records. `runtime/stepping.py` and
 # `packed.py` stay interpreted on purpose (see their docstrings).
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
+    "asyncstate.backends.rocksdb",
+    "asyncstate.backends.rocksdb_batch",
+    "asyncstate.backends.rocksdb_layout",
     "asyncstate.operator",
     "asyncstate.runtime.buffer",
     "asyncstate.runtime.context",
