@@ -95,7 +95,8 @@ class KeyedOperator:
         self._driver: UserCodeDriver | None = None
         self._base_vars: contextvars.Context | None = None
         self._outputs: list[Any] = []
-        # Record items (tuples) and events (callables), drained from the front by index.
+        # Records (their contexts, not yet started) and events (callables), drained from the
+        # front by index.
         self._inbox: list[Any] = []
         self._inbox_posted = False
         self._queued = 0
@@ -225,7 +226,9 @@ class KeyedOperator:
 
     # -- records ---------------------------------------------------------------------------
 
-    def _prepare(self, record: Any) -> tuple[Any, Any, bytes, int, int | None]:
+    def _prepare(self, record: Any) -> RecordContext:
+        """The record's context, not yet started; raises for a foreign key or a bad
+        timestamp before the record is admitted."""
         key = self._key_selector(record)
         key_bytes = canonical_key(key)
         # keygroups.key_group_of_bytes, inlined: one call less per record.
@@ -237,7 +240,9 @@ class KeyedOperator:
             ts = self._timestamp_selector(record)
             if ts is not None:
                 _check_timestamp("timestamp", ts)
-        return (record, key, key_bytes, key_group, ts)
+        ctx = RecordContext(record, key, key_bytes, key_group, self._dispose_fn, ts)
+        ctx._owner = self
+        return ctx
 
     def _foreign_key(self, key: Any, key_group: int) -> KeyGroupError:
         kg_range = self.key_group_range
@@ -258,8 +263,7 @@ class KeyedOperator:
             await self._wait_capacity(controller)
         self._admit(controller, item)
 
-    def _admit(self, controller: AsyncExecutionController,
-               item: tuple[Any, Any, bytes, int, int | None]) -> None:
+    def _admit(self, controller: AsyncExecutionController, item: RecordContext) -> None:
         self._queued += 1
         self._records_in += 1
         in_flight = self._queued + controller._in_flight
@@ -279,7 +283,7 @@ class KeyedOperator:
             while done < len(inbox):  # entries appended meanwhile are drained too
                 entry = inbox[done]
                 done += 1
-                if type(entry) is tuple:  # a record: (record, key, key bytes, key group, ts)
+                if type(entry) is RecordContext:  # a record
                     self._start(entry)
                 else:  # an event: a callable
                     entry()
@@ -302,16 +306,13 @@ class KeyedOperator:
         finally:
             self._blocked_seconds += time.perf_counter() - started
 
-    def _start(self, item: tuple[Any, Any, bytes, int, int | None]) -> None:
+    def _start(self, ctx: RecordContext) -> None:
         self._queued -= 1
         controller = self._controller
         assert controller is not None
         if controller._failure is not None:
             return
-        record, key, key_bytes, key_group, ts = item
-        ctx = RecordContext(record, key, key_bytes, key_group, self._dispose_fn, ts)
         ctx.vars = self._base_vars.copy()  # type: ignore[union-attr]
-        ctx._owner = self
         controller.start_record(ctx, self._run_record_fn)
 
     def _run_record(self, ctx: RecordContext) -> None:
