@@ -4,9 +4,9 @@ Records in flight keep their contexts, futures, requests and coroutines alive ac
 batches: thousands of container objects at a time. With CPython's default first threshold
 (700 allocations) every young collection finds them alive and promotes them, and the
 promotions soon trigger full collections, which walk every object of the process (the
-job's own data included). On the batched path that was 40-45% of the run, measured with
-`scripts/bench.py overhead`; with the first threshold at 50,000 the in-flight objects are
-mostly freed by reference counting before a young collection sees them.
+job's own data included). On the batched arms of `scripts/bench.py overhead` that was
+40-45% of the run. With the first threshold at 50,000, a million batched records saw 516
+young and 4 full collections instead of 14,092 and 116 (timed with `gc.callbacks`).
 
 Each open operator holds a request (`AsyncStateConfig.gc_threshold`); the threshold is the
 largest request, never below what was set before the first request, and the thresholds found
