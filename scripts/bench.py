@@ -84,6 +84,12 @@ class Bench:
         self._task: Any = None
         self._last_refresh = 0.0
 
+    def config(self, **fields: Any) -> ast.AsyncStateConfig:
+        """The AsyncStateConfig of asyncstate arms: `fields`, and `--gc-threshold` if given."""
+        if self.args.gc_threshold != "default":
+            fields["gc_threshold"] = self.args.gc_threshold
+        return ast.AsyncStateConfig(**fields)
+
     def environment(self) -> dict[str, Any]:
         """Interpreter, loop and machine, as printed above each table and stored in JSON."""
         env: dict[str, Any] = {
@@ -500,7 +506,8 @@ def overhead(bench: Bench) -> dict[str, Any]:
             if batched:
                 backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
             fed, seconds, metrics, counts = bench.run_async(run_operator(
-                bench, function, backend, keys, deadline, after=_probe(function, keys)))
+                bench, function, backend, keys, deadline, config=bench.config(),
+                after=_probe(function, keys)))
             ok, detail = check_counts(counts, Counter(keys[:fed]))
             if batched and not metrics["batches"] > 0:
                 ok, detail = False, f"metrics['batches'] == {metrics['batches']}: not batched"
@@ -528,7 +535,7 @@ def overhead(bench: Bench) -> dict[str, Any]:
               "key_order": "seeded shuffle of the keys, repeated round-robin",
               "lean_flush_every": LEAN_FLUSH_EVERY,
               "batched_backend": "SimulatedRemoteBackend(HeapBackend(), latency_ms=0)",
-              "config": dataclasses.asdict(ast.AsyncStateConfig())}
+              "config": dataclasses.asdict(bench.config())}
     bench.console.print(f"[bold]overhead[/]: keyed counter, {n_records:,} records over "
                         f"{n_keys:,} keys, best of {repeats}, at most {max_seconds:g} s per run")
     bench.console.print(bench.describe_environment())
@@ -646,7 +653,7 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
     rocksdb_options = ast.RocksDBOptions(write_buffer_bytes=ROCKSDB_WRITE_BUFFER_BYTES)
 
     def arm(batch_size: int, on_rocksdb: bool) -> Callable[[float], RunResult]:
-        config = ast.AsyncStateConfig(batch_size=batch_size)
+        config = bench.config(batch_size=batch_size)
 
         def run(deadline: float) -> RunResult:
             function = CallbackCounter()
@@ -698,7 +705,7 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
               "rocksdb": {"io_parallelism": ROCKSDB_IO_PARALLELISM,
                           "options": dataclasses.asdict(rocksdb_options),
                           "directory": "a fresh tempfile.TemporaryDirectory per run"},
-              "config": {name: dataclasses.asdict(ast.AsyncStateConfig(batch_size=b))
+              "config": {name: dataclasses.asdict(bench.config(batch_size=b))
                          for name, b in ((ROCKSDB_UNBATCHED, 1), (ROCKSDB_BATCHED, 1000),
                                          (ROCKSDB_HEAP, 1000))}}
     bench.console.print(f"[bold]rocksdb[/]: keyed counter, {n_records:,} records over "
@@ -1081,7 +1088,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="time bound per run; the rate covers the records done by then")
     parser.add_argument("--seed", type=int, default=1, help="seed of the key order")
+    parser.add_argument("--gc-threshold", type=_gc_threshold, default="default",
+                        help="AsyncStateConfig.gc_threshold of the overhead and rocksdb arms: "
+                             "an int >= 1, or none (default: the config's default)")
     return parser.parse_args(argv)
+
+
+def _gc_threshold(text: str) -> int | None:
+    return None if text.lower() == "none" else _positive_int(text)
 
 
 def _positive_int(text: str) -> int:
