@@ -79,14 +79,8 @@ def canonical_key(key: object, what: str = "key", state_name: str | None = None)
     Raises SerializationError naming `what` (and the state) for a type that cannot be a key.
     """
     tp = type(key)
-    if tp is int or tp is str or tp is bytes:
-        try:
-            return _packb(key)  # type: ignore[no-any-return]
-        except (OverflowError, UnicodeEncodeError, ValueError) as exc:
-            raise SerializationError(
-                f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): {exc}",
-                state_name=state_name, type_name=tp.__name__) from None
-    _check_key_parts(key, what, state_name)
+    if not (tp is int or tp is str or tp is bytes):  # the common scalars need no walk
+        _check_key_parts(key, what, state_name)
     try:
         return _packb(key)  # type: ignore[no-any-return]
     except (OverflowError, UnicodeEncodeError, ValueError) as exc:

@@ -1,4 +1,5 @@
-"""Keyed functions several test modules use (importable because tests/ holds conftest.py)."""
+"""Keyed functions and helpers several test modules use (importable because tests/ holds
+conftest.py)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,12 @@ class Sum(ast.AggregateFunction):
 
     def merge(self, a: int, b: int) -> int:
         return a + b
+
+
+def normalize(value: Any) -> Any:
+    """What a value reads back as: tuples become lists (dict keys excepted)."""
+    if isinstance(value, (list, tuple)):
+        return [normalize(v) for v in value]
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items()}
+    return value

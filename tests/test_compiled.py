@@ -46,6 +46,16 @@ def probe(root: Path, **env: str) -> list[str]:
     return out.splitlines()
 
 
+def copy_checkout(tmp_path: Path) -> Path:
+    """The package and its compiled group library, copied to a directory of their own."""
+    copy = tmp_path / "checkout"
+    copy.mkdir()
+    shutil.copytree(ROOT / "asyncstate", copy / "asyncstate")
+    for lib in ROOT.glob("asyncstate__mypyc*"):
+        shutil.copy2(lib, copy / lib.name)
+    return copy
+
+
 def compiled_build_present() -> bool:
     return _compiled._extension_path("asyncstate.runtime.future") is not None
 
@@ -79,11 +89,7 @@ def test_pure_python_switch_loads_the_sources_without_a_warning() -> None:
 @needs_build
 def test_an_edited_source_is_never_shadowed_by_its_stale_compiled_module(
         tmp_path: Path) -> None:
-    copy = tmp_path / "checkout"
-    copy.mkdir()
-    shutil.copytree(ROOT / "asyncstate", copy / "asyncstate")
-    for lib in ROOT.glob("asyncstate__mypyc*"):
-        shutil.copy2(lib, copy / lib.name)
+    copy = copy_checkout(tmp_path)
     assert probe(copy)[0] == "compiled"
 
     source = copy / "asyncstate" / "runtime" / "controller.py"
@@ -99,11 +105,7 @@ def test_an_edited_source_is_never_shadowed_by_its_stale_compiled_module(
 
 @needs_build
 def test_a_missing_stamp_falls_back_to_the_sources(tmp_path: Path) -> None:
-    copy = tmp_path / "checkout"
-    copy.mkdir()
-    shutil.copytree(ROOT / "asyncstate", copy / "asyncstate")
-    for lib in ROOT.glob("asyncstate__mypyc*"):
-        shutil.copy2(lib, copy / lib.name)
+    copy = copy_checkout(tmp_path)
     (copy / "asyncstate" / _compiled.STAMP_NAME).unlink()
     lines = probe(copy)
     assert lines[0] == "python"

@@ -7,6 +7,7 @@ import types
 from typing import Any, ClassVar
 
 import pytest
+from shared_functions import normalize
 
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.keygroups import key_group_of_bytes
@@ -97,14 +98,6 @@ def _hashable(k: Any) -> Any:
 def key_group(key: Any, max_parallelism: int) -> int:
     return int(key_group_of_bytes(canonical_key(key), max_parallelism))
 
-
-def normalize(value: Any) -> Any:
-    """What a value reads back as: tuples become lists (dict keys excepted)."""
-    if isinstance(value, (list, tuple)):
-        return [normalize(v) for v in value]
-    if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items()}
-    return value
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_functions import normalize
 
 import asyncstate as ast
 
@@ -88,14 +89,6 @@ class AsyncScript(Script):
     async def process_element(self, record: Any, ctx: Any) -> Any:  # type: ignore[override]
         await record[1](self.s, ctx)
 
-
-def normalize(value: Any) -> Any:
-    """What a value reads back as: tuples become lists (dict keys excepted)."""
-    if isinstance(value, (list, tuple)):
-        return [normalize(v) for v in value]
-    if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items()}
-    return value
 
 
 def _first(record: Any) -> Any:
