@@ -258,12 +258,12 @@ class KeyedOperator:
         Returns once the record is admitted, not once it is processed.
         """
         controller = self._ready()
-        item = self._prepare(record)
+        ctx = self._prepare(record)
         if self._queued + controller._in_flight >= self.config.max_in_flight:
             await self._wait_capacity(controller)
-        self._admit(controller, item)
+        self._admit(controller, ctx)
 
-    def _admit(self, controller: AsyncExecutionController, item: RecordContext) -> None:
+    def _admit(self, controller: AsyncExecutionController, ctx: RecordContext) -> None:
         self._queued += 1
         self._records_in += 1
         in_flight = self._queued + controller._in_flight
@@ -271,7 +271,7 @@ class KeyedOperator:
             self._peak = in_flight
         # Records wait in the inbox and start from one trampoline job, in arrival order;
         # events that must follow them (watermarks) go through the inbox too.
-        self._inbox.append(item)
+        self._inbox.append(ctx)
         if not self._inbox_posted:
             self._inbox_posted = True
             controller.post(self._drain_inbox, None)
@@ -452,10 +452,10 @@ async def _run(operator: KeyedOperator, records: Iterable[Any]) -> list[Any]:
         for record in records:
             if controller._failure is not None:
                 raise controller._failure
-            item = prepare(record)
+            ctx = prepare(record)
             if operator._queued + controller._in_flight >= limit:
                 await operator._wait_capacity(controller)
-            admit(controller, item)
+            admit(controller, ctx)
         await operator.drain()
         await operator.advance_watermark(MAX_WATERMARK)
     return operator.outputs()
