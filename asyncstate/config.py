@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from asyncstate.errors import ConfigError
 
@@ -13,7 +14,9 @@ __all__ = [
     "DEFAULT_ITERATOR_CHUNK_SIZE",
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_PARALLELISM",
+    "GC_THRESHOLD_PER_RECORD",
     "MAX_MAX_PARALLELISM",
+    "MIN_AUTO_GC_THRESHOLD",
     "AsyncStateConfig",
 ]
 
@@ -23,7 +26,13 @@ DEFAULT_MAX_IN_FLIGHT = 6000
 DEFAULT_MAX_PARALLELISM = 128
 DEFAULT_ITERATOR_CHUNK_SIZE = 1000
 # First threshold of the cyclic GC while an operator runs (see asyncstate/runtime/gc_threshold.py).
-DEFAULT_GC_THRESHOLD = 50_000
+# "auto": GC_THRESHOLD_PER_RECORD allocations per record allowed in flight, at least
+# MIN_AUTO_GC_THRESHOLD. A record in flight keeps about ten tracked objects alive, and every
+# young collection walks all of them: 64 allocations per record keep that walk small beside
+# the work between two collections.
+DEFAULT_GC_THRESHOLD: Literal["auto"] = "auto"
+GC_THRESHOLD_PER_RECORD = 64
+MIN_AUTO_GC_THRESHOLD = 50_000
 MAX_MAX_PARALLELISM = 32768  # Flink's upper bound: key groups fit in two bytes.
 
 
@@ -49,7 +58,8 @@ class AsyncStateConfig:
     iterator_chunk_size: elements loaded per step when iterating list or map state.
     gc_threshold: while the operator is open, the cyclic garbage collector's first threshold
         is at least this many allocations (restored when the last operator closes), so that
-        records in flight are not promoted into costly full collections; None leaves the
+        records in flight are not walked and promoted by frequent collections. "auto" (the
+        default) scales it with max_in_flight (`resolved_gc_threshold`); None leaves the
         collector's settings alone.
     """
 
@@ -58,7 +68,7 @@ class AsyncStateConfig:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     iterator_chunk_size: int = DEFAULT_ITERATOR_CHUNK_SIZE
-    gc_threshold: int | None = DEFAULT_GC_THRESHOLD
+    gc_threshold: int | Literal["auto"] | None = DEFAULT_GC_THRESHOLD
 
     def __post_init__(self) -> None:
         check_int("batch_size", self.batch_size, 1)
@@ -66,5 +76,15 @@ class AsyncStateConfig:
         check_int("max_in_flight", self.max_in_flight, 1)
         check_int("max_parallelism", self.max_parallelism, 1, MAX_MAX_PARALLELISM)
         check_int("iterator_chunk_size", self.iterator_chunk_size, 1)
-        if self.gc_threshold is not None:
-            check_int("gc_threshold", self.gc_threshold, 1)
+        threshold = self.gc_threshold
+        if threshold is not None and threshold != "auto" and (
+                type(threshold) is not int or threshold < 1):
+            raise ConfigError("gc_threshold", threshold, 'an int >= 1, "auto" or None')
+
+    def resolved_gc_threshold(self) -> int | None:
+        """The first GC threshold an operator with this config holds while open: the int
+        given, None, or for "auto" max(MIN_AUTO_GC_THRESHOLD, GC_THRESHOLD_PER_RECORD *
+        max_in_flight) (384,000 with the default max_in_flight)."""
+        if self.gc_threshold == "auto":
+            return max(MIN_AUTO_GC_THRESHOLD, GC_THRESHOLD_PER_RECORD * self.max_in_flight)
+        return self.gc_threshold

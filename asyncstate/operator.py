@@ -94,6 +94,7 @@ class KeyedOperator:
         self._controller: AsyncExecutionController | None = None
         self._driver: UserCodeDriver | None = None
         self._base_vars: contextvars.Context | None = None
+        self._gc_threshold: int | None = None  # the GC threshold held while open
         self._outputs: list[Any] = []
         # Records (their contexts, not yet started) and events (callables), drained from the
         # front by index.
@@ -138,8 +139,9 @@ class KeyedOperator:
         self._driver = UserCodeDriver(loop, controller.fail, always_task)
         self._base_vars = contextvars.copy_context()
         self._state = "open"
-        if config.gc_threshold is not None:
-            gc_threshold.hold(config.gc_threshold)
+        self._gc_threshold = config.resolved_gc_threshold()
+        if self._gc_threshold is not None:
+            gc_threshold.hold(self._gc_threshold)
         try:
             restored = self._restore() if self.restore_from is not None else None
             self.runtime_context = RuntimeContext(
@@ -175,8 +177,8 @@ class KeyedOperator:
                 self._controller.close()
             self.function.close()
         finally:
-            if opened and self.config.gc_threshold is not None:
-                gc_threshold.release(self.config.gc_threshold)
+            if opened and self._gc_threshold is not None:
+                gc_threshold.release(self._gc_threshold)
             self.backend.close()
 
     def _ready(self) -> AsyncExecutionController:

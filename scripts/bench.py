@@ -107,6 +107,7 @@ class Bench:
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "asyncstate_modules": _compiled.mode(),  # compiled, or the Python sources
             "gc_threshold_default": ast.AsyncStateConfig().gc_threshold,
+            "gc_threshold_default_resolved": ast.AsyncStateConfig().resolved_gc_threshold(),
         }
         if self.loop_name == "uvloop":
             env["uvloop"] = importlib.metadata.version("uvloop")
@@ -1090,12 +1091,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="seed of the key order")
     parser.add_argument("--gc-threshold", type=_gc_threshold, default="default",
                         help="AsyncStateConfig.gc_threshold of the overhead and rocksdb arms: "
-                             "an int >= 1, or none (default: the config's default)")
+                             "an int >= 1, auto or none (default: the config's default)")
     return parser.parse_args(argv)
 
 
-def _gc_threshold(text: str) -> int | None:
-    return None if text.lower() == "none" else _positive_int(text)
+def _gc_threshold(text: str) -> int | str | None:
+    word = text.lower()
+    if word in ("default", "auto"):
+        return word  # "default": leave the config's default
+    return None if word == "none" else _positive_int(text)
 
 
 def _positive_int(text: str) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 import asyncstate as ast
+from asyncstate.config import GC_THRESHOLD_PER_RECORD, MIN_AUTO_GC_THRESHOLD
 from asyncstate.runtime import gc_threshold
 
 
@@ -84,7 +85,34 @@ def test_run_restores_the_threshold_after_the_job() -> None:
     assert gc.get_threshold() == (700, 10, 10)
 
 
-@pytest.mark.parametrize("bad", [0, -5, True, 1.5, "50000"])
-def test_gc_threshold_must_be_a_positive_int_or_none(bad: object) -> None:
-    with pytest.raises(ast.ConfigError, match="gc_threshold"):
+@pytest.mark.parametrize("bad", [0, -5, True, 1.5, "50000", "AUTO", ""])
+def test_gc_threshold_must_be_a_positive_int_auto_or_none(bad: object) -> None:
+    with pytest.raises(ast.ConfigError, match=r'^gc_threshold must be an int >= 1, "auto" or '
+                                              r"None, got "):
         ast.AsyncStateConfig(gc_threshold=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("max_in_flight", "expected"), [
+    (6000, 6000 * GC_THRESHOLD_PER_RECORD),
+    (100_000, 100_000 * GC_THRESHOLD_PER_RECORD),
+    (1, MIN_AUTO_GC_THRESHOLD),
+    (MIN_AUTO_GC_THRESHOLD // GC_THRESHOLD_PER_RECORD, MIN_AUTO_GC_THRESHOLD),
+])
+def test_auto_scales_with_max_in_flight_above_a_floor(max_in_flight: int, expected: int) -> None:
+    config = ast.AsyncStateConfig(max_in_flight=max_in_flight)
+    assert config.gc_threshold == "auto"
+    assert config.resolved_gc_threshold() == expected
+
+
+def test_an_int_or_none_resolves_to_itself() -> None:
+    assert ast.AsyncStateConfig(gc_threshold=1234).resolved_gc_threshold() == 1234
+    assert ast.AsyncStateConfig(gc_threshold=None).resolved_gc_threshold() is None
+
+
+async def test_an_operator_holds_the_auto_threshold_of_its_max_in_flight() -> None:
+    op = ast.KeyedOperator(Nothing(), key_selector=lambda r: r, backend=ast.HeapBackend(),
+                           config=ast.AsyncStateConfig(max_in_flight=2000))
+    async with op:
+        assert gc.get_threshold() == (max(MIN_AUTO_GC_THRESHOLD, 2000 * GC_THRESHOLD_PER_RECORD),
+                                      10, 10)
+    assert gc.get_threshold() == (700, 10, 10)
