@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 
 from asyncstate.backends.base import ExecutorBinding, StateExecutor
 from asyncstate.backends.heap import HeapBackend
-from asyncstate.backends.rocksdb import RocksDBBackend, RocksDBOptions, _translate_error
+from asyncstate.backends.rocksdb import (
+    _MIN_PART_KEYS,
+    RocksDBBackend,
+    RocksDBOptions,
+    _translate_error,
+)
 from asyncstate.backends.rocksdb_layout import _prefix_end, _skip
 from asyncstate.errors import BackendError, ConfigError, InvalidStateError
 from asyncstate.keygroups import key_group_of_bytes
@@ -269,12 +274,13 @@ async def test_a_read_before_a_write_in_the_same_batch_sees_the_old_value(rocks)
 
 async def test_large_multi_get_split_over_io_slots_keeps_every_result(rocks):
     rdb = Harness(rocks, asyncio.get_running_loop())
-    keys = range(700)
+    n = 2 * _MIN_PART_KEYS + 300  # two parts per column family
+    keys = range(n)
     await rdb.run([("v", T.VALUE_UPDATE, k * 2, k, None) for k in keys])
     ops: list[Op] = [("v", T.VALUE_GET, None, k, None) for k in keys]
     ops += [("m", T.MAP_CONTAINS, k, k % 7, None) for k in keys]
     got = await rdb.run(ops)
-    assert got == [k * 2 for k in keys] + [False] * 700
+    assert got == [k * 2 for k in keys] + [False] * n
 
 
 async def test_fully_loaded_while_every_io_slot_is_busy(tmp_path):
