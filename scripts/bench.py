@@ -276,17 +276,46 @@ async def run_operator(bench: Bench, function: ast.KeyedProcessFunction,
     `process`), stopping at the first chunk boundary past `deadline`, then drain.
 
     Returns (records fed, seconds from the first record to the end of the drain, the
-    operator's metrics after the drain, what `after(op, records fed)` returned). `after`
-    runs untimed inside the same operator, e.g. to read the final state back.
+    operator's metrics after the drain and the cyclic GC's work in the timed part
+    (`gc_collections` per generation, `gc_seconds`), what `after(op, records fed)`
+    returned). `after` runs untimed inside the same operator, e.g. to read the final state
+    back.
     """
     op = ast.KeyedOperator(function, key_selector=_identity, backend=backend, config=config)
     async with op:
-        started = time.perf_counter()
-        fed = await feed(bench, op, records, deadline)
-        seconds = time.perf_counter() - started
-        metrics = dict(op.metrics)
+        with GCWatch() as collector:
+            started = time.perf_counter()
+            fed = await feed(bench, op, records, deadline)
+            seconds = time.perf_counter() - started
+        metrics = dict(op.metrics) | collector.figures()
         extra = await after(op, fed) if after is not None else None
     return fed, seconds, metrics, extra
+
+
+class GCWatch:
+    """Counts and times the cyclic GC's collections while the `with` block runs."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __enter__(self) -> GCWatch:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.collections[info["generation"]] += 1
+            self.seconds += time.perf_counter() - self._began
+
+    def figures(self) -> dict[str, Any]:
+        return {"gc_collections": list(self.collections), "gc_seconds": self.seconds}
 
 
 async def feed(bench: Bench, op: ast.KeyedOperator, records: Sequence[Any],
