@@ -10,7 +10,9 @@ A batch runs in three phases:
    overlay of the batch's writes. Other point reads are collected per column family
    (`asyncstate.backends.rocksdb_batch`).
 2. Read (pool): one multi-get per column family, split over the I/O slots when it is large.
-   Multi-get releases the GIL. The last part to finish wakes the loop once per batch.
+   Multi-get releases the GIL. When an I/O thread is idle, the loop thread hands it the GIL
+   right away so that the read starts at once. The last part to finish wakes the loop once
+   per batch.
 3. Apply (loop thread, one serial lane in trigger order): decode the values read, apply the
    WriteBatches, run iterations, then deliver the results. An iteration of a (key,
    namespace) that the batch wrote earlier runs after that write is applied.
@@ -25,6 +27,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +86,8 @@ _MIN_PART_KEYS = 2048
 # of latency and ~10 us of loop time.
 DEFAULT_INLINE_READ_KEYS = 16
 _RESTORE_BATCH_ENTRIES = 100_000
+# Longest the loop thread blocks to hand the GIL to an idle I/O thread (see _start_reads).
+_HANDOVER_SECONDS = 0.001
 
 _T = StateRequestType
 
@@ -157,6 +162,8 @@ class RocksDBBackend:
         self._chunk = 1000
         self._kg_prefix: list[bytes] = []
         self._lane: deque[_Job] = deque()
+        self._parts_lock = threading.Lock()
+        self._parts_in_pool = 0  # multi-get parts submitted and not finished
         self._reading = 0  # jobs whose multi-get is waiting or running
         self._pumping = False
         self._closed = False
@@ -350,8 +357,21 @@ class RocksDBBackend:
                 parts.append((handle, keys[start:start + step], slots[start:start + step]))
         job.raw = [None] * len(parts)
         job.remaining = len(parts)
+        with self._parts_lock:
+            idle = self._parts_in_pool < self._io_parallelism
+            self._parts_in_pool += len(parts)
+        # A pool thread needs the GIL to start the multi-get, and a busy loop thread gives it
+        # up only at the interpreter's switch interval (5 ms) or when it idles: that was the
+        # median wait before a read began. When an I/O thread is idle, block (GIL released)
+        # until it has started, which takes tens of microseconds, or at most 1 ms.
+        gate = None
+        if idle:
+            gate = job.gate = threading.Lock()
+            gate.acquire()
         for index, (handle, keys, _slots) in enumerate(parts):
             self._pool.submit(self._read_part, job, index, handle, keys)
+        if gate is not None:
+            gate.acquire(timeout=_HANDOVER_SECONDS)
 
     def _read_part(self, job: _Job, index: int, handle: _StateHandle, keys: list[bytes]) -> None:
         """Pool thread: one multi-get (GIL released inside rocksdict)."""
@@ -359,9 +379,13 @@ class RocksDBBackend:
             cf = handle.cf
             if cf is None:
                 raise InvalidStateError(f"RocksDBBackend {self._path!r} is closed")
+            if index == 0 and job.gate is not None:
+                job.gate.release()  # the loop thread may go on (see _start_reads)
             job.raw[index] = cf.get(keys)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - phase 3 delivers it
             job.error = exc
+        with self._parts_lock:
+            self._parts_in_pool -= 1
         with job.lock:
             job.remaining -= 1
             last = job.remaining == 0

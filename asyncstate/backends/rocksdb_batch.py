@@ -95,7 +95,8 @@ class _Job:
     """One batch travelling through the three phases."""
 
     __slots__ = ("batch", "results", "steps", "reads", "read_prefixes", "writes", "parts",
-                 "raw", "remaining", "lock", "error", "started", "reads_done", "list_seq")
+                 "raw", "remaining", "lock", "error", "started", "reads_done", "list_seq",
+                 "gate")
 
     def __init__(self, batch: list[StateRequest], list_seq: int) -> None:
         self.batch = batch
@@ -117,6 +118,8 @@ class _Job:
         self.reads_done = False
         # the next list sequence number; the plan takes one per list element it writes
         self.list_seq = list_seq
+        # released by the pool thread that starts the multi-get (see RocksDBBackend)
+        self.gate: threading.Lock | None = None
 
 
 def _overlaps(prefixes: set[tuple[_StateHandle, bytes]],

@@ -283,6 +283,23 @@ async def test_large_multi_get_split_over_io_slots_keeps_every_result(rocks):
     assert got == [k * 2 for k in keys] + [False] * n
 
 
+@pytest.mark.parametrize("io_parallelism", [1, 2])
+async def test_many_batches_read_through_the_pool_and_free_every_read_slot(tmp_path,
+                                                                          io_parallelism):
+    # More batches than I/O threads: the first ones hand the GIL to an idle thread, the
+    # others queue; every result arrives, in trigger order, and the slot count returns to 0.
+    with RocksDBBackend(tmp_path / "db", io_parallelism=io_parallelism,
+                        inline_read_keys=0) as backend:
+        rdb = Harness(backend, asyncio.get_running_loop())
+        await rdb.run([("v", T.VALUE_UPDATE, k * 3, k, None) for k in range(40)])
+        batches = [[rdb.request(("v", T.VALUE_GET, None, k, None)),
+                    rdb.request(("v", T.VALUE_GET, None, k + 20, None))] for k in range(20)]
+        pending = [rdb.submit(batch) for batch in batches]
+        assert [await p for p in pending] == [[k * 3, (k + 20) * 3] for k in range(20)]
+        assert rdb.delivery_order[-20:] == [id(batch) for batch in batches]
+        assert backend._parts_in_pool == 0
+
+
 async def test_fully_loaded_while_every_io_slot_is_busy(tmp_path):
     with RocksDBBackend(tmp_path / "db", io_parallelism=1, inline_read_keys=0) as backend:
         rdb = Harness(backend, asyncio.get_running_loop())
