@@ -20,7 +20,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None, max_examples=100)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+# A long search for rare interleavings: ASYNCSTATE_HYPOTHESIS_PROFILE=soak (tests that fix
+# their own max_examples keep it).
+settings.register_profile("soak", deadline=None, max_examples=2000,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("ASYNCSTATE_HYPOTHESIS_PROFILE")
+                      or ("ci" if os.environ.get("CI") else "dev"))
 
 _LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,

@@ -3,9 +3,18 @@ conftest.py)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import asyncstate as ast
+
+SOAK_FACTOR = 20
+
+
+def slow_examples(n: int) -> int:
+    """max_examples for a test whose examples are slow (a RocksDB or a checkpoint each): `n`,
+    or SOAK_FACTOR times that under the soak hypothesis profile (docs/testing.md)."""
+    return n * SOAK_FACTOR if os.environ.get("ASYNCSTATE_HYPOTHESIS_PROFILE") == "soak" else n
 
 
 class Counter(ast.KeyedProcessFunction):

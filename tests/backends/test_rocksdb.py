@@ -15,6 +15,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_functions import slow_examples
 
 from asyncstate.backends.base import ExecutorBinding, StateExecutor
 from asyncstate.backends.heap import HeapBackend
@@ -448,7 +449,7 @@ async def _compare(path: str, batches: list[list[Op]], chunked: bool, inline: in
                 assert await drained(rdb, ops, got) == await drained(heap, ops, expected), ops
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=slow_examples(30), deadline=None)
 @given(ops=OP_LISTS, cuts=st.lists(st.integers(0, 60), max_size=10),
        chunked=st.booleans(), inline=st.sampled_from([0, 4]))
 def test_random_batches_match_heap(ops, cuts, chunked, inline):

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_functions import slow_examples
 
 import asyncstate as ast
 
@@ -143,7 +144,7 @@ async def test_operator_state_through_1_2_5_3(tmp_path: Any) -> None:
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=slow_examples(15), deadline=None)
 @given(keys=st.integers(1, 40), n=st.integers(0, 120), seed=st.integers(0, 10_000),
        chain=st.lists(st.integers(1, 5), min_size=2, max_size=3))
 def test_random_rescale_chains_equal_the_model(tmp_path_factory: Any, keys: int, n: int,

@@ -8,6 +8,7 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_functions import slow_examples
 
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.checkpoint.layout import checkpoint_path
@@ -194,7 +195,7 @@ values = st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=8),
                    st.dictionaries(st.text(max_size=3), small_ints, max_size=3))
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=slow_examples(25))
 @given(entries=st.dictionaries(keys, st.tuples(values, st.lists(values, min_size=1, max_size=3)),
                                max_size=40),
        old=st.integers(1, 6), new=st.integers(1, 6))

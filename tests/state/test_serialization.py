@@ -8,6 +8,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_functions import slow_examples
 
 import asyncstate as ast
 
@@ -287,7 +288,7 @@ class _Roundtrip(ast.KeyedProcessFunction):
                                ).then_accept(ctx.emit)
 
 
-@settings(max_examples=40)
+@settings(max_examples=slow_examples(40))
 @given(value=_values, map_key=_hashable_keys)
 def test_property_values_and_map_keys_round_trip_on_every_backend(state_helpers, value,
                                                                   map_key):
