@@ -20,8 +20,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None, max_examples=100)
-# A long search for rare interleavings: ASYNCSTATE_HYPOTHESIS_PROFILE=soak (tests that fix
-# their own max_examples keep it).
+# A long search for rare interleavings: ASYNCSTATE_HYPOTHESIS_PROFILE=soak (tests with slow
+# examples scale their own max_examples with shared_functions.slow_examples).
 settings.register_profile("soak", deadline=None, max_examples=2000,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("ASYNCSTATE_HYPOTHESIS_PROFILE")
