@@ -96,10 +96,10 @@ class HeapBackend:
     """Keyed state in memory.
 
     Tables map a key and namespace (see `TableKey`) to a stored value, a list of stored
-    values (list state) or a dict from user-key bytes to stored values (map state). Having no I/O to
-    amortize, it completes every request when it is issued (`execute_one`); batches sent to
-    `execute_batch` (when it is wrapped by another executor) are applied in order and
-    delivered inline. Iteration reads a copy taken when the iteration starts.
+    values (list state) or a dict from user-key bytes to stored values (map state). Having no
+    I/O to amortize, it completes every request when it is issued (`execute_one`); batches
+    sent to `execute_batch` (when it is wrapped by another executor) are applied in order
+    and delivered inline. Iteration reads a copy taken when the iteration starts.
     """
 
     completes_at_issue = True

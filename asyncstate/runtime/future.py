@@ -395,8 +395,6 @@ def _not_a_future(fn: Any, got: object) -> TypeError:
                      f"got {type(got).__name__}")
 
 
-
-
 def completed_future(value: T) -> StateFuture[T]:
     """A future already completed with `value`."""
     fut: StateFuture[T] = StateFuture()
