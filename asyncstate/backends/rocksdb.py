@@ -52,6 +52,9 @@ from asyncstate.backends.rocksdb_options import (
     DEFAULT_BLOOM_FILTER_BITS as DEFAULT_BLOOM_FILTER_BITS,
 )
 from asyncstate.backends.rocksdb_options import (
+    DEFAULT_MEMTABLE_BLOOM_RATIO as DEFAULT_MEMTABLE_BLOOM_RATIO,
+)
+from asyncstate.backends.rocksdb_options import (
     DEFAULT_WRITE_BUFFER_BYTES as DEFAULT_WRITE_BUFFER_BYTES,
 )
 from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
@@ -66,6 +69,7 @@ __all__ = [
     "DEFAULT_BLOOM_FILTER_BITS",
     "DEFAULT_INLINE_READ_KEYS",
     "DEFAULT_IO_PARALLELISM",
+    "DEFAULT_MEMTABLE_BLOOM_RATIO",
     "DEFAULT_WRITE_BUFFER_BYTES",
     "RocksDBBackend",
     "RocksDBOptions",

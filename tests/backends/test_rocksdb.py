@@ -429,11 +429,12 @@ def _split(ops: list[Op], cuts: list[int], cut_after_iterations: bool) -> list[l
     return batches
 
 
-async def _compare(path: str, batches: list[list[Op]], chunked: bool, inline: int) -> None:
+async def _compare(path: str, batches: list[list[Op]], chunked: bool, inline: int,
+                   options: RocksDBOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
     chunk = 1 if chunked else 1000
     heap = Harness(HeapBackend(), loop, chunk_size=chunk)
-    with RocksDBBackend(path, inline_read_keys=inline) as backend:
+    with RocksDBBackend(path, inline_read_keys=inline, options=options) as backend:
         rdb = Harness(backend, loop, chunk_size=chunk)
         if chunked:
             # One batch at a time, each iteration drained before the next batch: the heap
@@ -451,14 +452,17 @@ async def _compare(path: str, batches: list[list[Op]], chunked: bool, inline: in
 
 @settings(max_examples=slow_examples(30), deadline=None)
 @given(ops=OP_LISTS, cuts=st.lists(st.integers(0, 60), max_size=10),
-       chunked=st.booleans(), inline=st.sampled_from([0, 4]))
-def test_random_batches_match_heap(ops, cuts, chunked, inline):
+       chunked=st.booleans(), inline=st.sampled_from([0, 4]),
+       memtable_bloom_ratio=st.sampled_from([0, 0.02, 0.25]))
+def test_random_batches_match_heap(ops, cuts, chunked, inline, memtable_bloom_ratio):
     """Concurrent examples read through the pool, so that a batch's reads can overtake an
-    earlier batch's writes; chunked examples (chunk size 1) also try loop-thread reads."""
+    earlier batch's writes; chunked examples (chunk size 1) also try loop-thread reads.
+    Every read is answered by a memtable, with its bloom filter off, default or largest."""
     batches = _split(ops, cuts, cut_after_iterations=chunked)
+    options = RocksDBOptions(memtable_bloom_ratio=memtable_bloom_ratio)
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(_compare(os.path.join(tmp, "db"), batches, chunked,
-                             inline if chunked else 0))
+                             inline if chunked else 0, options))
 
 
 # -- opening, locking, reopening, closing ---------------------------------------------------
@@ -552,6 +556,10 @@ def test_options_are_validated_and_converted(tmp_path):
         RocksDBOptions(write_buffer_bytes=10)
     with pytest.raises(ConfigError, match=r"^disable_wal must be a bool, got 'yes'$"):
         RocksDBOptions(disable_wal="yes")  # type: ignore[arg-type]
+    for ratio in (-0.01, 0.3, float("nan"), True, "0.1"):
+        with pytest.raises(ConfigError, match=r"^memtable_bloom_ratio must be a number in "
+                                              r"\[0, 0\.25\], got "):
+            RocksDBOptions(memtable_bloom_ratio=ratio)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^io_parallelism must be in \[1, 64\], got 0$"):
         RocksDBBackend(tmp_path / "x", io_parallelism=0)
     with pytest.raises(ConfigError, match=r"^inline_read_keys must be >= 0, got -1$"):
@@ -562,6 +570,26 @@ def test_options_are_validated_and_converted(tmp_path):
     options = RocksDBOptions(block_cache_bytes=0, bloom_filter_bits=0, disable_wal=False)
     with RocksDBBackend(tmp_path / "db", options=options) as backend:
         backend.register_state("v", StateKind.VALUE)
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(None, ("0.020000", "true")),
+                                                 (0.25, ("0.250000", "true")),
+                                                 (0, ("0.000000", "false"))])
+def test_memtable_bloom_reaches_every_column_family(tmp_path, ratio, expected):
+    """RocksDB records the options each column family runs with in its OPTIONS file."""
+    options = RocksDBOptions() if ratio is None else RocksDBOptions(memtable_bloom_ratio=ratio)
+    with RocksDBBackend(tmp_path / "db", options=options) as backend:
+        backend.register_state("v", StateKind.VALUE)
+        backend.register_state("m", StateKind.MAP)
+    latest = max((tmp_path / "db").glob("OPTIONS-*"), key=lambda p: int(p.name[8:]))
+    sections = re.split(r"^\[", latest.read_text(), flags=re.MULTILINE)
+    families = {s.split("]", 1)[0]: s for s in sections if s.startswith("CFOptions")}
+    assert len(families) == 3, sorted(families)  # the default family holds metadata
+    for name, text in families.items():
+        settings = dict(re.findall(r"^\s*(memtable_\w+)=(\S+)$", text, flags=re.MULTILINE))
+        got = (settings["memtable_prefix_bloom_size_ratio"],
+               settings["memtable_whole_key_filtering"])
+        assert got == expected, name
 
 
 def test_rocksdb_module_re_exports_the_options():
