@@ -88,6 +88,8 @@ class Bench:
         """The AsyncStateConfig of asyncstate arms: `fields`, and `--gc-threshold` if given."""
         if self.args.gc_threshold != "default":
             fields["gc_threshold"] = self.args.gc_threshold
+        if self.args.max_in_flight is not None:
+            fields["max_in_flight"] = self.args.max_in_flight
         return ast.AsyncStateConfig(**fields)
 
     def environment(self) -> dict[str, Any]:
@@ -635,6 +637,13 @@ ROCKSDB_IO_PARALLELISM = 2  # the default, stated
 # whole: no SST file before close, every read a memtable hit. A 4 MiB buffer makes the state
 # ~9x the memtable, so reads and compactions reach SST files, as they would at scale.
 ROCKSDB_WRITE_BUFFER_BYTES = 4 * 2**20
+ROCKSDB_BATCH_SIZE = 1000
+# Records in flight: one full batch per I/O thread. A multi-get of 1,000 keys takes ~1-2 ms
+# here, so that keeps both I/O threads and the loop busy; records beyond it only wait
+# longer, and their objects go cold in the CPU caches meanwhile (docs/performance.md, "Sizing
+# max_in_flight"). The config's default, 6,000, is sized for a remote store; run it here
+# with `--max-in-flight 6000`.
+ROCKSDB_MAX_IN_FLIGHT = ROCKSDB_IO_PARALLELISM * ROCKSDB_BATCH_SIZE
 PROBE_PRESENT = 20_000  # keys read back after a run: among the keys fed ...
 PROBE_ABSENT = 1_000  # ... and keys no record had (they must hold no state)
 
@@ -683,11 +692,17 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
         sys.exit(f"--records ({n_records}) must be >= --keys ({n_keys})")
     keys = overhead_keys(n_records, n_keys, seed=args.seed)
     choose = sample_chooser(keys, n_keys, args.seed, PROBE_PRESENT, PROBE_ABSENT)
-    rocksdb_options = ast.RocksDBOptions(write_buffer_bytes=ROCKSDB_WRITE_BUFFER_BYTES)
+    try:
+        rocksdb_options = ast.RocksDBOptions(
+            write_buffer_bytes=args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES,
+            memtable_bloom_ratio=ast.RocksDBOptions().memtable_bloom_ratio
+            if args.memtable_bloom_ratio is None else args.memtable_bloom_ratio)
+    except ast.ConfigError as exc:
+        sys.exit(f"bench.py rocksdb: {exc}")
 
     def arm(batch_size: int, on_rocksdb: bool, batched_heap: bool = False
             ) -> Callable[[float], RunResult]:
-        config = bench.config(batch_size=batch_size)
+        config = bench.config(batch_size=batch_size, max_in_flight=ROCKSDB_MAX_IN_FLIGHT)
 
         def run(deadline: float) -> RunResult:
             function = CallbackCounter()
@@ -730,9 +745,9 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
 
     arms: dict[str, Callable[[float], RunResult]] = {
         ROCKSDB_UNBATCHED: arm(1, on_rocksdb=True),
-        ROCKSDB_BATCHED: arm(1000, on_rocksdb=True),
-        ROCKSDB_HEAP: arm(1000, on_rocksdb=False),
-        ROCKSDB_HEAP_BATCHED: arm(1000, on_rocksdb=False, batched_heap=True),
+        ROCKSDB_BATCHED: arm(ROCKSDB_BATCH_SIZE, on_rocksdb=True),
+        ROCKSDB_HEAP: arm(ROCKSDB_BATCH_SIZE, on_rocksdb=False),
+        ROCKSDB_HEAP_BATCHED: arm(ROCKSDB_BATCH_SIZE, on_rocksdb=False, batched_heap=True),
     }
     params = {"records": n_records, "keys": n_keys, "repeats": repeats,
               "max_seconds_per_run": max_seconds, "seed": args.seed,
@@ -743,13 +758,18 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
               "rocksdb": {"io_parallelism": ROCKSDB_IO_PARALLELISM,
                           "options": dataclasses.asdict(rocksdb_options),
                           "directory": "a fresh tempfile.TemporaryDirectory per run"},
-              "config": {name: dataclasses.asdict(bench.config(batch_size=b))
-                         for name, b in ((ROCKSDB_UNBATCHED, 1), (ROCKSDB_BATCHED, 1000),
-                                         (ROCKSDB_HEAP, 1000), (ROCKSDB_HEAP_BATCHED, 1000))},
+              "config": {name: dataclasses.asdict(bench.config(
+                             batch_size=b, max_in_flight=ROCKSDB_MAX_IN_FLIGHT))
+                         for name, b in ((ROCKSDB_UNBATCHED, 1),
+                                         (ROCKSDB_BATCHED, ROCKSDB_BATCH_SIZE),
+                                         (ROCKSDB_HEAP, ROCKSDB_BATCH_SIZE),
+                                         (ROCKSDB_HEAP_BATCHED, ROCKSDB_BATCH_SIZE))},
               "heap_via_batches": "SimulatedRemoteBackend(HeapBackend(), latency_ms=0): the "
                                   "batched request path with heap storage (no goal)"}
+    in_flight = bench.config(max_in_flight=ROCKSDB_MAX_IN_FLIGHT).max_in_flight
     bench.console.print(f"[bold]rocksdb[/]: keyed counter, {n_records:,} records over "
-                        f"{n_keys:,} keys, best of {repeats}, at most {max_seconds:g} s per run")
+                        f"{n_keys:,} keys, max_in_flight {in_flight:,}, best of {repeats}, "
+                        f"at most {max_seconds:g} s per run")
     bench.console.print(bench.describe_environment())
 
     runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
@@ -810,8 +830,9 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
         table.caption = (f"{ROCKSDB_BATCHED}, best run: {m['sst_bytes_before_close'] / 1e6:.1f}"
                          f" MB in {m['sst_files_before_close']} SST files before close, "
                          f"{m['db_bytes_after_close'] / 1e6:.1f} MB on disk after; write "
-                         f"buffer {rocksdb_options.write_buffer_bytes / 2**20:g} MiB; mean "
-                         f"batch {m['mean_batch_size']:.0f} requests")
+                         f"buffer {rocksdb_options.write_buffer_bytes / 2**20:g} MiB, "
+                         f"memtable bloom ratio {rocksdb_options.memtable_bloom_ratio:g}; "
+                         f"mean batch {m['mean_batch_size']:.0f} requests")
     bench.console.print(table)
     for name, tb in errors.items():
         bench.console.print(f"[red bold]{name} crashed:[/]")
@@ -1131,6 +1152,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gc-threshold", type=_gc_threshold, default="default",
                         help="AsyncStateConfig.gc_threshold of the overhead and rocksdb arms: "
                              "an int >= 1, auto or none (default: the config's default)")
+    parser.add_argument("--write-buffer-bytes", type=_positive_int, default=None,
+                        help="RocksDBOptions.write_buffer_bytes of the rocksdb arms "
+                             f"(default: {ROCKSDB_WRITE_BUFFER_BYTES})")
+    parser.add_argument("--memtable-bloom-ratio", type=float, default=None,
+                        help="RocksDBOptions.memtable_bloom_ratio of the rocksdb arms "
+                             "(default: the option's default; 0 disables the filter)")
+    parser.add_argument("--max-in-flight", type=_positive_int, default=None,
+                        help="AsyncStateConfig.max_in_flight of the overhead and rocksdb arms "
+                             f"(default: {ROCKSDB_MAX_IN_FLIGHT} for rocksdb, the config's "
+                             "default for overhead)")
     return parser.parse_args(argv)
 
 
