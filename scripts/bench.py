@@ -85,7 +85,8 @@ class Bench:
         self._last_refresh = 0.0
 
     def config(self, **fields: Any) -> ast.AsyncStateConfig:
-        """The AsyncStateConfig of asyncstate arms: `fields`, and `--gc-threshold` if given."""
+        """The AsyncStateConfig of asyncstate arms: `fields`, then `--gc-threshold` and
+        `--max-in-flight` if given."""
         if self.args.gc_threshold != "default":
             fields["gc_threshold"] = self.args.gc_threshold
         if self.args.max_in_flight is not None:
@@ -640,7 +641,7 @@ ROCKSDB_WRITE_BUFFER_BYTES = 4 * 2**20
 ROCKSDB_BATCH_SIZE = 1000
 # Records in flight: one full batch per I/O thread. A multi-get of 1,000 keys takes ~1-2 ms
 # here, so that keeps both I/O threads and the loop busy; records beyond it only wait
-# longer, and their objects go cold in the CPU caches meanwhile (docs/performance.md, "Sizing
+# longer, and their objects go cold in the CPU caches meanwhile (docs/concepts.md, "Sizing
 # max_in_flight"). The config's default, 6,000, is sized for a remote store; run it here
 # with `--max-in-flight 6000`.
 ROCKSDB_MAX_IN_FLIGHT = ROCKSDB_IO_PARALLELISM * ROCKSDB_BATCH_SIZE
