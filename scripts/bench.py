@@ -693,17 +693,21 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
         sys.exit(f"--records ({n_records}) must be >= --keys ({n_keys})")
     keys = overhead_keys(n_records, n_keys, seed=args.seed)
     choose = sample_chooser(keys, n_keys, args.seed, PROBE_PRESENT, PROBE_ABSENT)
+    option_fields: dict[str, Any] = {
+        "write_buffer_bytes": args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES}
+    if args.memtable_bloom_ratio is not None:  # otherwise the option's default
+        option_fields["memtable_bloom_ratio"] = args.memtable_bloom_ratio
     try:
-        rocksdb_options = ast.RocksDBOptions(
-            write_buffer_bytes=args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES,
-            memtable_bloom_ratio=ast.RocksDBOptions().memtable_bloom_ratio
-            if args.memtable_bloom_ratio is None else args.memtable_bloom_ratio)
+        rocksdb_options = ast.RocksDBOptions(**option_fields)
     except ast.ConfigError as exc:
         sys.exit(f"bench.py rocksdb: {exc}")
 
+    def arm_config(batch_size: int) -> ast.AsyncStateConfig:
+        return bench.config(batch_size=batch_size, max_in_flight=ROCKSDB_MAX_IN_FLIGHT)
+
     def arm(batch_size: int, on_rocksdb: bool, batched_heap: bool = False
             ) -> Callable[[float], RunResult]:
-        config = bench.config(batch_size=batch_size, max_in_flight=ROCKSDB_MAX_IN_FLIGHT)
+        config = arm_config(batch_size)
 
         def run(deadline: float) -> RunResult:
             function = CallbackCounter()
@@ -759,15 +763,14 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
               "rocksdb": {"io_parallelism": ROCKSDB_IO_PARALLELISM,
                           "options": dataclasses.asdict(rocksdb_options),
                           "directory": "a fresh tempfile.TemporaryDirectory per run"},
-              "config": {name: dataclasses.asdict(bench.config(
-                             batch_size=b, max_in_flight=ROCKSDB_MAX_IN_FLIGHT))
+              "config": {name: dataclasses.asdict(arm_config(b))
                          for name, b in ((ROCKSDB_UNBATCHED, 1),
                                          (ROCKSDB_BATCHED, ROCKSDB_BATCH_SIZE),
                                          (ROCKSDB_HEAP, ROCKSDB_BATCH_SIZE),
                                          (ROCKSDB_HEAP_BATCHED, ROCKSDB_BATCH_SIZE))},
               "heap_via_batches": "SimulatedRemoteBackend(HeapBackend(), latency_ms=0): the "
                                   "batched request path with heap storage (no goal)"}
-    in_flight = bench.config(max_in_flight=ROCKSDB_MAX_IN_FLIGHT).max_in_flight
+    in_flight = arm_config(ROCKSDB_BATCH_SIZE).max_in_flight
     bench.console.print(f"[bold]rocksdb[/]: keyed counter, {n_records:,} records over "
                         f"{n_keys:,} keys, max_in_flight {in_flight:,}, best of {repeats}, "
                         f"at most {max_seconds:g} s per run")
