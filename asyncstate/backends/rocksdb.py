@@ -281,7 +281,7 @@ class RocksDBBackend:
             binding.deliver(batch, None, self._failure(exc))
             return
         self._lane.append(job)
-        if job.reads:
+        if job.point_reads:
             self._reading += 1
             if not self._blocked(job, len(self._lane) - 1):
                 self._start_reads(job)
@@ -332,16 +332,17 @@ class RocksDBBackend:
     def _blocked(self, job: _Job, position: int) -> bool:
         """True if an earlier unapplied batch writes a prefix that `job` reads."""
         for earlier in itertools.islice(self._lane, position):
-            if earlier.writes and _overlaps(job.read_prefixes, earlier.writes):
+            if earlier.writes and _overlaps(job, earlier):
                 return True
         return False
 
     def _start_reads(self, job: _Job) -> None:
         job.started = True
         parts = job.parts
-        if sum(len(keys) for keys, _slots in job.reads.values()) <= self._inline_read_keys:
-            for handle, (keys, slots) in job.reads.items():
-                parts.append((handle, keys, slots))
+        if job.point_reads <= self._inline_read_keys:
+            for handle, touched in job.touched.items():
+                if touched.keys:
+                    parts.append((handle, touched.keys, touched.slots))
             try:
                 job.raw = [handle.cf.get(keys)  # type: ignore[union-attr,arg-type]
                            for handle, keys, _slots in parts]
@@ -350,8 +351,12 @@ class RocksDBBackend:
             job.reads_done = True
             self._reading -= 1
             return
-        for handle, (keys, slots) in job.reads.items():
+        for handle, touched in job.touched.items():
+            keys = touched.keys
+            slots = touched.slots
             n = len(keys)
+            if not n:
+                continue
             count = min(self._io_parallelism, max(1, n // _MIN_PART_KEYS))
             if count == 1:
                 parts.append((handle, keys, slots))

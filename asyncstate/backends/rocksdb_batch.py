@@ -18,7 +18,7 @@ import rocksdict
 
 from asyncstate.backends.rocksdb_layout import _SEQ, _SEQ_KEY, _prefix_end
 from asyncstate.runtime.requests import StateKind, StateRequest, StateRequestType
-from asyncstate.serde import from_stored, stored_to_bytes
+from asyncstate.serde import NONE_BYTES, from_stored, stored_to_bytes
 
 __all__: list[str] = []
 
@@ -91,10 +91,26 @@ class _MapOverlay:
         self.entries: dict[bytes, Any] = {}  # user key bytes -> stored value (None: removed)
 
 
+class _Touched:
+    """What one batch does to one column family. Prefixes are (key group, key, namespace)
+    bytes."""
+
+    __slots__ = ("keys", "slots", "read", "written", "values")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []  # point reads for the multi-get ...
+        self.slots: list[int] = []  # ... and their result slots (~i: MAP_CONTAINS of request i)
+        # prefixes read; only filled while an earlier batch is unapplied
+        self.read: set[bytes] = set()
+        self.written: dict[bytes, int] = {}  # prefix -> WriteBatch segment of its latest write
+        # value-kind states: prefix -> stored value written (None: removed), for later reads
+        self.values: dict[bytes, Any] = {}
+
+
 class _Job:
     """One batch travelling through the three phases."""
 
-    __slots__ = ("batch", "results", "steps", "reads", "read_prefixes", "writes", "parts",
+    __slots__ = ("batch", "results", "steps", "touched", "point_reads", "writes", "parts",
                  "raw", "remaining", "lock", "error", "started", "reads_done", "list_seq",
                  "gate")
 
@@ -103,12 +119,9 @@ class _Job:
         self.results: list[Any] = [None] * len(batch)
         # WriteBatches and (index, cursor) iterations, in the order phase 3 runs them
         self.steps: list[rocksdict.WriteBatch | tuple[int, _Cursor]] = []
-        # handle -> (keys, result slots); a slot ~i means "MAP_CONTAINS of request i"
-        self.reads: dict[_StateHandle, tuple[list[bytes], list[int]]] = {}
-        # (handle, prefix) pairs read; only filled while an earlier batch is unapplied
-        self.read_prefixes: set[tuple[_StateHandle, bytes]] = set()
-        # (handle, prefix) -> WriteBatch segment of the batch's latest write under it
-        self.writes: dict[tuple[_StateHandle, bytes], int] = {}
+        self.touched: dict[_StateHandle, _Touched] = {}
+        self.point_reads = 0  # keys the multi-gets read
+        self.writes = False  # the batch writes something
         self.parts: list[tuple[_StateHandle, list[bytes], list[int]]] = []
         self.raw: list[list[bytes | None] | None] = []
         self.remaining = 0
@@ -122,28 +135,38 @@ class _Job:
         self.gate: threading.Lock | None = None
 
 
-def _overlaps(prefixes: set[tuple[_StateHandle, bytes]],
-              writes: dict[tuple[_StateHandle, bytes], int]) -> bool:
-    if len(prefixes) <= len(writes):
-        return any(p in writes for p in prefixes)
-    return any(w in prefixes for w in writes)
+def _overlaps(job: _Job, earlier: _Job) -> bool:
+    """True if `job` reads a (state, key, namespace) that `earlier` writes."""
+    earlier_touched = earlier.touched
+    for handle, touched in job.touched.items():
+        read = touched.read
+        if not read:
+            continue
+        other = earlier_touched.get(handle)
+        if other is None:
+            continue
+        written = other.written
+        if len(read) <= len(written):
+            if any(p in written for p in read):
+                return True
+        elif any(w in read for w in written):
+            return True
+    return False
 
 
 # -- phase 1: plan (loop thread) -----------------------------------------------------------
 
 def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
     """Phase 1: plan `job.batch` into `job`, advancing `job.list_seq`. `track`: record the
-    (handle, prefix) pairs read, because an earlier batch with writes is still unapplied."""
+    prefixes read, because an earlier batch with writes is still unapplied."""
     batch = job.batch
     results = job.results
-    reads = job.reads
-    writes = job.writes
+    all_touched = job.touched
     steps = job.steps
-    # Overlay of this batch's writes, for reads that follow them: value-kind states map
-    # (handle, prefix) to the stored value (None: removed); maps keep a _MapOverlay.
-    values: dict[tuple[_StateHandle, bytes], Any] = {}
+    # Overlay of this batch's map writes, for reads that follow them (value-kind states
+    # keep theirs in _Touched.values).
     maps: dict[tuple[_StateHandle, bytes], _MapOverlay] = {}
-    read_prefixes = job.read_prefixes
+    point_reads = 0
     category = _CATEGORY
     wb: rocksdict.WriteBatch | None = None
     segment = 0
@@ -159,12 +182,26 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
         else:
             handle = request.state.handle  # type: ignore[union-attr]
             ctx = request.context
-            prefix = kg_prefix[ctx.key_group] + ctx.key_bytes + request.namespace
+            namespace = request.namespace
+            if namespace is NONE_BYTES:
+                # Every request of a record in the default namespace shares one key object
+                # (its hash is computed once too).
+                cached = ctx.storage_key
+                if cached is None:
+                    cached = ctx.storage_key = kg_prefix[ctx.key_group] + ctx.key_bytes \
+                        + namespace
+                prefix = cached
+            else:
+                prefix = kg_prefix[ctx.key_group] + ctx.key_bytes + namespace
+        touched = all_touched.get(handle)
+        if touched is None:
+            touched = all_touched[handle] = _Touched()
         if cat <= _MAP_CONTAINS:
             if cat == _GET:
                 key = prefix
-                if values and (handle, prefix) in values:
-                    results[i] = from_stored(values[(handle, prefix)])
+                values = touched.values
+                if values and prefix in values:
+                    results[i] = from_stored(values[prefix])
                     continue
             else:
                 user_key = request.payload
@@ -175,13 +212,11 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                     results[i] = (stored is not None) if cat == _MAP_CONTAINS \
                         else from_stored(stored)
                     continue
-            entry = reads.get(handle)
-            if entry is None:
-                entry = reads[handle] = ([], [])
-            entry[0].append(key)
-            entry[1].append(~i if cat == _MAP_CONTAINS else i)
+            touched.keys.append(key)
+            touched.slots.append(~i if cat == _MAP_CONTAINS else i)
+            point_reads += 1
             if track:
-                read_prefixes.add((handle, prefix))
+                touched.read.add(prefix)
             continue
         if cat >= _ITER:
             if cat == _ITER:
@@ -190,7 +225,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 upper = prefix + _pack_seq(job.list_seq) if t is _T.LIST_GET \
                     else _prefix_end(prefix)
                 cursor = _Cursor(t, handle, prefix, None, upper)
-            if wb is not None and writes.get((handle, prefix)) == segment:
+            if wb is not None and touched.written.get(prefix) == segment:
                 steps.append(wb)  # this iteration must see the batch's writes so far
                 wb = None
                 segment += 1
@@ -199,8 +234,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
         # writes
         if wb is None:
             wb = rocksdict.WriteBatch(raw_mode=True)
-        pair = (handle, prefix)
-        writes[pair] = segment
+        touched.written[prefix] = segment
         cf = handle.cf_handle
         payload = request.payload
         if cat == _PUT:
@@ -208,8 +242,9 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 wb.delete(prefix, cf)
             else:
                 wb.put(prefix, stored_to_bytes(payload), cf)
-            values[pair] = payload
+            touched.values[prefix] = payload
         elif cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
+            pair = (handle, prefix)
             overlay = maps.get(pair)
             if overlay is None:
                 overlay = maps[pair] = _MapOverlay()
@@ -236,11 +271,11 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
             kind = handle.kind
             if kind in _VALUE_KINDS:
                 wb.delete(prefix, cf)
-                values[pair] = None
+                touched.values[prefix] = None
             else:
                 wb.delete_range(prefix, _prefix_end(prefix), cf)
                 if kind is StateKind.MAP:
-                    overlay = maps[pair] = _MapOverlay()
+                    overlay = maps[(handle, prefix)] = _MapOverlay()
                     overlay.cleared = True
     if job.list_seq != seq_start:
         if wb is None:
@@ -248,3 +283,5 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
         wb.put(_SEQ_KEY, _pack_seq(job.list_seq))  # default column family: metadata
     if wb is not None:
         steps.append(wb)
+    job.point_reads = point_reads
+    job.writes = any(touched.written for touched in all_touched.values())

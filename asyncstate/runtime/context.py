@@ -46,7 +46,8 @@ class RecordContext:
 
     __slots__ = ("_disposer", "_owner", "blocked", "entered", "epoch", "failures", "finished",
                  "in_flight", "key", "key_bytes", "key_group", "key_occupied", "namespaces",
-                 "priority", "record", "ref_count", "serial", "time_domain", "timestamp", "vars")
+                 "priority", "record", "ref_count", "serial", "storage_key", "time_domain",
+                 "timestamp", "vars")
 
     def __init__(self, record: Any, key: Any, key_bytes: bytes, key_group: int,
                  disposer: Callable[[RecordContext], None] | None,
@@ -68,6 +69,9 @@ class RecordContext:
         # calls of the same record on that state wait for it.
         self.serial: dict[Any, StateFuture[Any]] | None = None
         self.vars: contextvars.Context | None = None
+        # A byte-keyed backend's storage key for this key in the default namespace, built by
+        # the record's first request and shared by the rest (see RocksDBBackend).
+        self.storage_key: bytes | None = None
         self.timestamp = timestamp
         self.time_domain: Any = None
         self.priority = priority
