@@ -95,7 +95,7 @@ class _Touched:
     """What one batch does to one column family. Prefixes are (key group, key, namespace)
     bytes."""
 
-    __slots__ = ("keys", "slots", "read", "written", "values")
+    __slots__ = ("keys", "slots", "read", "written", "values", "maps")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []  # point reads for the multi-get ...
@@ -103,8 +103,10 @@ class _Touched:
         # prefixes read; only filled while an earlier batch is unapplied
         self.read: set[bytes] = set()
         self.written: dict[bytes, int] = {}  # prefix -> WriteBatch segment of its latest write
-        # value-kind states: prefix -> stored value written (None: removed), for later reads
+        # Overlay of the batch's writes, for reads that follow them: value-kind states map a
+        # prefix to the stored value written (None: removed), map states to a _MapOverlay.
         self.values: dict[bytes, Any] = {}
+        self.maps: dict[bytes, _MapOverlay] = {}
 
 
 class _Job:
@@ -163,9 +165,6 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
     results = job.results
     all_touched = job.touched
     steps = job.steps
-    # Overlay of this batch's map writes, for reads that follow them (value-kind states
-    # keep theirs in _Touched.values).
-    maps: dict[tuple[_StateHandle, bytes], _MapOverlay] = {}
     point_reads = 0
     category = _CATEGORY
     wb: rocksdict.WriteBatch | None = None
@@ -206,7 +205,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
             else:
                 user_key = request.payload
                 key = prefix + user_key
-                overlay = maps.get((handle, prefix)) if maps else None
+                overlay = touched.maps.get(prefix)
                 if overlay is not None and (overlay.cleared or user_key in overlay.entries):
                     stored = overlay.entries.get(user_key)
                     results[i] = (stored is not None) if cat == _MAP_CONTAINS \
@@ -244,10 +243,9 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 wb.put(prefix, stored_to_bytes(payload), cf)
             touched.values[prefix] = payload
         elif cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
-            pair = (handle, prefix)
-            overlay = maps.get(pair)
+            overlay = touched.maps.get(prefix)
             if overlay is None:
-                overlay = maps[pair] = _MapOverlay()
+                overlay = touched.maps[prefix] = _MapOverlay()
             entries = overlay.entries
             if cat == _MAP_REMOVE:
                 wb.delete(prefix + payload, cf)
@@ -275,7 +273,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
             else:
                 wb.delete_range(prefix, _prefix_end(prefix), cf)
                 if kind is StateKind.MAP:
-                    overlay = maps[(handle, prefix)] = _MapOverlay()
+                    overlay = touched.maps[prefix] = _MapOverlay()
                     overlay.cleared = True
     if job.list_seq != seq_start:
         if wb is None:
