@@ -58,6 +58,7 @@ from asyncstate.backends.rocksdb_options import (
     DEFAULT_WRITE_BUFFER_BYTES as DEFAULT_WRITE_BUFFER_BYTES,
 )
 from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
+from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
 from asyncstate.config import check_int
 from asyncstate.errors import BackendError, CheckpointError, InvalidStateError
 from asyncstate.log import get_logger
@@ -194,19 +195,25 @@ class RocksDBBackend:
     def _load_metadata(self) -> None:
         db = self._db
         assert db is not None
-        read = rocksdict.ReadOptions()
-        read.set_iterate_lower_bound(_KIND_PREFIX)
-        read.set_iterate_upper_bound(_prefix_end(_KIND_PREFIX))
-        items: Iterator[tuple[bytes, bytes]] = db.items(  # type: ignore[assignment]
-            from_key=_KIND_PREFIX, read_opt=read)
-        for key, value in items:
-            name = key[len(_KIND_PREFIX):].decode()
+        for key, value in _scan_items(db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
+            try:
+                name = key[len(_KIND_PREFIX):].decode()
+                kind = StateKind(value.decode())
+            except ValueError:
+                raise BackendError(
+                    f"RocksDB directory {self._path!r} has a damaged state entry "
+                    f"{key!r} = {value!r} (want a state name and one of "
+                    f"{', '.join(k.value for k in StateKind)})", path=self._path) from None
             cf_name = _CF_PREFIX + name
             if cf_name in self._families:
                 self._handles[name] = _StateHandle(
-                    name, StateKind(value.decode()), db.get_column_family(cf_name),
+                    name, kind, db.get_column_family(cf_name),
                     db.get_column_family_handle(cf_name))
         raw = db.get(_SEQ_KEY)
+        if raw is not None and len(raw) != _SEQ.size:
+            raise BackendError(
+                f"RocksDB directory {self._path!r} has a damaged list sequence entry "
+                f"{_SEQ_KEY!r} = {raw!r} (want {_SEQ.size} bytes)", path=self._path)
         self._list_seq: int = _SEQ.unpack(raw)[0] if raw is not None else 0
 
     def _live_db(self) -> rocksdict.Rdict:
@@ -236,7 +243,7 @@ class RocksDBBackend:
         self._chunk = binding.iterator_chunk_size
         self._kg_prefix = [kg.to_bytes(2, "big") for kg in range(binding.max_parallelism)]
 
-    def register_state(self, name: str, kind: StateKind) -> _StateHandle:
+    def register_state(self, name: object, kind: object) -> _StateHandle:
         """Create or open the column family of state `name`. The kind is stored, and
         registering the name again with another kind raises ValueError, even after the
         directory is reopened."""
@@ -385,12 +392,13 @@ class RocksDBBackend:
     def _read_part(self, job: _Job, index: int, handle: _StateHandle, keys: list[bytes]) -> None:
         """Pool thread: one multi-get (GIL released inside rocksdict)."""
         try:
-            cf = handle.cf
-            if cf is None:
+            # No local for the column family: a stored error's traceback keeps this frame,
+            # and a live column family object keeps RocksDB's LOCK after close().
+            if handle.cf is None:
                 raise InvalidStateError(f"RocksDBBackend {self._path!r} is closed")
             if index == 0 and job.gate is not None:
                 job.gate.release()  # the loop thread may go on (see _start_reads)
-            job.raw[index] = cf.get(keys)  # type: ignore[arg-type]
+            job.raw[index] = handle.cf.get(keys)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - phase 3 delivers it
             job.error = exc
         with self._parts_lock:
@@ -464,21 +472,11 @@ class RocksDBBackend:
         if cf is None:
             raise InvalidStateError(f"RocksDBBackend {self._path!r} is closed")
         lower = cursor.prefix if cursor.after is None else cursor.after + b"\x00"
-        read = rocksdict.ReadOptions()
-        read.set_iterate_lower_bound(lower)
-        read.set_iterate_upper_bound(cursor.upper)
         t = cursor.request_type
         if t is _T.MAP_IS_EMPTY:
-            it = cf.iter(read)
-            it.seek(lower)
-            empty = not it.valid()
-            del it
-            return empty
+            return _scan_is_empty(cf, lower, cursor.upper)
         chunk = self._chunk
-        items: Iterator[tuple[bytes, bytes]] = cf.items(  # type: ignore[assignment]
-            from_key=lower, read_opt=read)
-        entries = list(itertools.islice(items, chunk + 1))
-        del items
+        entries = _scan_items(cf, lower, cursor.upper, chunk + 1)
         continuation = None
         if len(entries) > chunk:
             del entries[chunk:]
@@ -513,10 +511,7 @@ class RocksDBBackend:
         upper = (key_group + 1).to_bytes(2, "big")
         loaded = []
         for name, handle in sorted(self._handles.items()):
-            read = rocksdict.ReadOptions()
-            read.set_iterate_lower_bound(lower)
-            read.set_iterate_upper_bound(upper)
-            items = list(handle.cf.items(from_key=lower, read_opt=read))  # type: ignore[union-attr]
+            items = _scan_items(handle.cf, lower, upper)  # type: ignore[arg-type]
             if items:
                 loaded.append((name, handle.kind, items))
         return _snapshot_entries(loaded)
@@ -535,13 +530,8 @@ class RocksDBBackend:
         #    cleared before it is written: a fresh database takes no range tombstones.
         occupied = set()
         for name, existing in handles.items():
-            read = rocksdict.ReadOptions()
-            read.set_iterate_lower_bound(lower)
-            read.set_iterate_upper_bound(upper)
-            keys = existing.cf.keys(from_key=lower, read_opt=read)  # type: ignore[union-attr]
-            if next(keys, None) is not None:
+            if not _scan_is_empty(existing.cf, lower, upper):  # type: ignore[arg-type]
                 occupied.add(name)
-            del keys
         # 2. Write through WriteBatches of bounded size.
         wb = rocksdict.WriteBatch(raw_mode=True)
         pack = _SEQ.pack

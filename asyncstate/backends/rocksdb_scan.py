@@ -1,0 +1,51 @@
+"""Bounded scans of one column family, for the RocksDB backend modules.
+
+rocksdict keeps no copy of iteration bounds: the native read options point into the bytes
+objects given to `ReadOptions.set_iterate_lower_bound` / `set_iterate_upper_bound`, which only
+the `ReadOptions` object holds. Compiled code frees a local right after its last use, so a
+compiled caller would free the options, and the bounds, while the iterator still reads
+through them (the scan then stops at whatever the freed memory holds). These functions keep
+the options, both bounds and the iterator in one interpreted frame until the scan is done:
+this module is deliberately not in `asyncstate._compiled.COMPILED_MODULES`.
+
+No iterator outlives a call (a live iterator keeps RocksDB's LOCK after close), also when the
+scan fails: the iterator is dropped before the error leaves the frame.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import rocksdict
+
+__all__: list[str] = []
+
+
+def _read_options(lower: bytes, upper: bytes) -> rocksdict.ReadOptions:
+    read = rocksdict.ReadOptions()
+    read.set_iterate_lower_bound(lower)
+    read.set_iterate_upper_bound(upper)
+    return read
+
+
+def _scan_items(cf: rocksdict.Rdict, lower: bytes, upper: bytes,
+                limit: int | None = None) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` (key, value) pairs of `cf` in [lower, upper), in key order."""
+    read = _read_options(lower, upper)
+    items: Any = cf.items(from_key=lower, read_opt=read)
+    try:
+        return list(items if limit is None else itertools.islice(items, limit))
+    finally:
+        del items, read
+
+
+def _scan_is_empty(cf: rocksdict.Rdict, lower: bytes, upper: bytes) -> bool:
+    """True if `cf` holds no key in [lower, upper)."""
+    read = _read_options(lower, upper)
+    it: Any = cf.iter(read)
+    try:
+        it.seek(lower)
+        return not it.valid()
+    finally:
+        del it, read

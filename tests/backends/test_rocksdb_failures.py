@@ -1,0 +1,285 @@
+"""RocksDBBackend failure paths and edge branches, against a real RocksDB in tmp_path: storage
+corruption found by a read, argument and lifecycle checks, and restores larger than one
+write batch."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import rocksdict
+from test_rocksdb import MAX_PARALLELISM, Harness, Op, drained, record_context
+
+import asyncstate as ast
+from asyncstate.backends.base import ExecutorBinding
+from asyncstate.backends.rocksdb import (
+    _MIN_PART_KEYS,
+    _RESTORE_BATCH_ENTRIES,
+    RocksDBBackend,
+)
+from asyncstate.backends.rocksdb_layout import _KIND_PREFIX, _SEQ_KEY
+from asyncstate.errors import BackendError, InvalidStateError
+from asyncstate.runtime.requests import StateKind, StateRequestType
+from asyncstate.serde import canonical_key
+
+T = StateRequestType
+
+# -- a database with corrupted data blocks --------------------------------------------------
+
+# Enough keys for a pool read split over two I/O slots. Seeded random bytes do not compress,
+# so the data blocks and their offsets, and so the flipped bytes, are the same on every run
+# (only the block checksums differ: RocksDB salts them per file).
+KEYS = range(2 * _MIN_PART_KEYS + 100)
+_rng = random.Random(20261121)
+VALUES = {k: _rng.randbytes(100) for k in KEYS}
+FLIP_STEP = 512  # a data block is ~4 KiB: each one gets several flipped bytes
+
+
+async def corrupt_value_state(path: Path) -> Path:
+    """Write VALUES into state "v" of a new database at `path`, flush them into one SST
+    file, close the database, then flip one byte every FLIP_STEP bytes of that file's data
+    blocks (never its index, filter or footer, so the database still opens). Returns the
+    SST file.
+
+    Nothing reads the file before it is damaged: RocksDB's block cache keys survive a
+    reopen and the cache is shared by the process, so a block read earlier would be served
+    from memory and the damage would go unnoticed."""
+    with RocksDBBackend(path) as backend:
+        harness = Harness(backend, asyncio.get_running_loop())
+        await harness.run([("v", T.VALUE_UPDATE, VALUES[k], k, None) for k in KEYS])
+        cf = harness.states["v"].handle.cf
+        cf.flush()
+        properties = cf.property_value("rocksdb.aggregated-table-properties")
+        del cf  # a live column family object would keep the directory locked
+        [sst] = path.glob("*.sst")  # close() flushes the metadata family into another one
+    data_size = int(re.search(r"; data block size=(\d+);", properties).group(1))
+    data = bytearray(sst.read_bytes())
+    assert FLIP_STEP * 20 < data_size < len(data)
+    for offset in range(FLIP_STEP // 2, data_size, FLIP_STEP):
+        data[offset] ^= 0xFF
+    sst.write_bytes(bytes(data))
+    return sst
+
+
+def corruption_message(path: Path, sst: Path) -> str:
+    """Anchored pattern of the BackendError a read of a damaged block raises."""
+    return (rf"^RocksDB failed on {re.escape(repr(str(path)))}: Corruption: block checksum "
+            rf"mismatch: .* in {re.escape(str(sst))} offset \d+ size \d+$")
+
+
+async def assert_still_serves_new_batches(harness: Harness) -> None:
+    """After a failed batch the backend still applies and reads (from the memtable)."""
+    await harness.run([("v", T.VALUE_UPDATE, "fresh", -1, None)])
+    assert await harness.run([("v", T.VALUE_GET, None, -1, None)]) == ["fresh"]
+    assert not harness.backend.fully_loaded()
+
+
+@pytest.mark.timeout(60)
+async def test_corrupted_block_fails_an_inline_read_with_a_backend_error(tmp_path):
+    path = tmp_path / "db"
+    sst = await corrupt_value_state(path)
+    with RocksDBBackend(path, inline_read_keys=16) as backend:
+        harness = Harness(backend, asyncio.get_running_loop())
+        reads = [harness.request(("v", T.VALUE_GET, None, k, None)) for k in KEYS[:16]]
+        failed = harness.submit(reads)
+        assert failed.done()  # read on the loop thread: delivered from execute_batch itself
+        with pytest.raises(BackendError, match=corruption_message(path, sst)) as info:
+            await failed
+        assert info.value.path == str(path)
+        await assert_still_serves_new_batches(harness)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("io_parallelism", [1, 2], ids=["one-part", "two-parts"])
+async def test_corrupted_block_fails_a_pool_read_and_later_batches_follow_in_order(
+        tmp_path, io_parallelism):
+    # Every key in one batch: with two I/O slots the multi-get is split in two parts, and
+    # both fail. A write batch triggered behind it waits for it in the lane, then runs.
+    path = tmp_path / "db"
+    sst = await corrupt_value_state(path)
+    with RocksDBBackend(path, io_parallelism=io_parallelism, inline_read_keys=0) as backend:
+        harness = Harness(backend, asyncio.get_running_loop())
+        reads = [harness.request(("v", T.VALUE_GET, None, k, None)) for k in KEYS]
+        behind = [harness.request(("v", T.VALUE_UPDATE, "after", 0, "ns")),
+                  harness.request(("v", T.VALUE_GET, None, 0, "ns"))]
+        failed = harness.submit(reads)
+        assert not failed.done()  # sent to the pool
+        assert backend.fully_loaded() is (io_parallelism == 1)
+        later = harness.submit(behind)
+        with pytest.raises(BackendError, match=corruption_message(path, sst)) as info:
+            await failed
+        assert info.value.path == str(path)
+        assert await later == [None, "after"]
+        assert harness.delivery_order == [id(reads), id(behind)]  # each batch exactly once
+        await assert_still_serves_new_batches(harness)
+
+
+class ReadValue(ast.KeyedProcessFunction):
+    """Emits (key, value of state "v")."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        ctx.emit((ctx.current_key, await self.v.value()))
+
+
+@pytest.mark.timeout(60)
+async def test_corrupted_block_fails_the_operator_run_promptly(tmp_path):
+    path = tmp_path / "db"
+    sst = await corrupt_value_state(path)
+    op = ast.KeyedOperator(ReadValue(), key_selector=lambda record: record,
+                           backend=ast.RocksDBBackend(path),
+                           config=ast.AsyncStateConfig(max_parallelism=MAX_PARALLELISM))
+    with pytest.raises(ast.BackendError) as exit_info:
+        async with op:
+            with pytest.raises(ast.BackendError, match=corruption_message(path, sst)) as first:
+                for k in KEYS[:100]:
+                    await op.process(k)
+                await op.drain()
+            with pytest.raises(ast.BackendError) as again:
+                await op.process(KEYS[0])
+            assert again.value is first.value
+    assert exit_info.value is first.value
+    assert first.value.path == str(path)
+    # The error (and its traceback) is still alive here: it must not hold the directory.
+    with RocksDBBackend(path) as reopened:
+        assert reopened.registered_states()["v"] is StateKind.VALUE
+
+
+# -- argument and lifecycle checks ----------------------------------------------------------
+
+def binding(loop: asyncio.AbstractEventLoop | None) -> ExecutorBinding:
+    return ExecutorBinding(loop=loop, deliver=lambda batch, results, error: None,
+                           iterator_chunk_size=10, max_parallelism=MAX_PARALLELISM)
+
+
+class NamedStr(str):
+    pass
+
+
+@pytest.mark.parametrize(("name", "shown"), [("", "''"), (NamedStr("v"), "'v'")])
+def test_register_state_rejects_an_empty_name_or_a_str_subclass(tmp_path, name, shown):
+    with RocksDBBackend(tmp_path / "db") as backend:
+        with pytest.raises(TypeError, match=rf"^state name must be a non-empty str, got "
+                                            rf"{re.escape(shown)}$"):
+            backend.register_state(name, StateKind.VALUE)
+        assert backend.registered_states() == {}
+    with RocksDBBackend(tmp_path / "db") as backend:  # nothing was stored either
+        assert backend.registered_states() == {}
+
+
+@pytest.mark.parametrize(("name", "kind", "message"), [
+    (5, StateKind.VALUE, r"^state name must be a non-empty str, got 5$"),
+    (None, StateKind.VALUE, r"^state name must be a non-empty str, got None$"),
+    ("v", "value", r"^kind must be a StateKind, got 'value'$"),
+])
+def test_register_state_names_a_bad_type(tmp_path, name, kind, message):
+    with RocksDBBackend(tmp_path / "db") as backend:
+        with pytest.raises(TypeError, match=message):
+            backend.register_state(name, kind)
+        assert backend.registered_states() == {}
+
+
+def damage_metadata(path: Path, key: bytes, value: bytes) -> None:
+    """Overwrite one metadata entry (default column family) of a closed database."""
+    families = {name: rocksdict.Options(raw_mode=True)
+                for name in rocksdict.Rdict.list_cf(str(path)) if name != "default"}
+    db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True), column_families=families)
+    db[key] = value
+    db.close()
+    del db
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    (_KIND_PREFIX + b"v", b"bogus",
+     r"has a damaged state entry b'state-kind:v' = b'bogus' \(want a state name and one of "
+     r"value, list, map, reducing, aggregating\)$"),
+    (_KIND_PREFIX + b"\xff", b"value", r"has a damaged state entry b'state-kind:\\xff'"),
+    (_SEQ_KEY, b"\x01", r"has a damaged list sequence entry .* \(want 8 bytes\)$"),
+], ids=["unknown-kind", "name-not-utf8", "short-sequence"])
+def test_damaged_metadata_fails_the_open_and_leaves_the_directory_free(tmp_path, key, value,
+                                                                       message):
+    path = tmp_path / "db"
+    with RocksDBBackend(path) as backend:
+        backend.register_state("v", StateKind.VALUE)
+    damage_metadata(path, key, value)
+    pattern = rf"^RocksDB directory {re.escape(repr(str(path)))} {message}"
+    with pytest.raises(BackendError, match=pattern) as first:
+        RocksDBBackend(path)
+    assert first.value.path == str(path)
+    # Still holding the first error: a second open fails the same way, not "in use".
+    with pytest.raises(BackendError, match=pattern):
+        RocksDBBackend(path)
+
+
+async def test_open_binds_once(tmp_path):
+    loop = asyncio.get_running_loop()
+    with RocksDBBackend(tmp_path / "db") as backend:
+        backend.open(binding(loop))
+        with pytest.raises(InvalidStateError, match=r"^this RocksDBBackend is already bound to "
+                                                    r"an operator; create one backend per "
+                                                    r"operator$"):
+            backend.open(binding(loop))
+
+
+def test_open_needs_an_event_loop(tmp_path):
+    with RocksDBBackend(tmp_path / "db") as backend:
+        with pytest.raises(InvalidStateError, match=r"^RocksDBBackend needs the operator's "
+                                                    r"event loop \(loop=None\)$"):
+            backend.open(binding(None))
+        with pytest.raises(InvalidStateError, match=r"^open\(\) the RocksDBBackend before "
+                                                    r"executing batches$"):
+            backend.execute_batch([])  # the failed open bound nothing
+
+
+def test_open_and_register_after_close_raise(tmp_path):
+    path = tmp_path / "db"
+    backend = RocksDBBackend(path)
+    backend.close()
+    closed = rf"^RocksDBBackend {re.escape(repr(str(path)))} is closed$"
+    with pytest.raises(InvalidStateError, match=closed):
+        backend.open(binding(None))  # the closed check comes first
+    with pytest.raises(InvalidStateError, match=closed):
+        backend.register_state("v", StateKind.VALUE)
+
+
+# -- restore through more than one write batch ----------------------------------------------
+
+async def test_restore_larger_than_one_write_batch_reads_back_every_entry(tmp_path):
+    # Two entries cross the write-batch bound together; the entries after them go into the
+    # next batch, and list sequence numbers continue across the two.
+    kg = record_context(0).key_group
+    keys = [k for k in range(5000) if record_context(k).key_group == kg][:5]
+    assert len(keys) == 5
+    half = _RESTORE_BATCH_ENTRIES // 2 + 1
+    ns = canonical_key(None)
+    entries: list[tuple[str, bytes, bytes, Any]] = [
+        ("l", canonical_key(keys[0]), ns, [msgpack.packb(i) for i in range(half)]),
+        ("m", canonical_key(keys[1]), ns,
+         [(canonical_key(i), msgpack.packb(-i)) for i in range(half)]),
+        ("l", canonical_key(keys[2]), ns, [msgpack.packb(s) for s in ("x", "y", "z")]),
+        ("v", canonical_key(keys[3]), ns, msgpack.packb({"after": "the bound"})),
+        ("m", canonical_key(keys[4]), ns, [(canonical_key("k"), msgpack.packb([1]))]),
+    ]
+    assert sum(len(e[3]) for e in entries[:2]) >= _RESTORE_BATCH_ENTRIES
+    with RocksDBBackend(tmp_path / "db") as backend:
+        harness = Harness(backend, asyncio.get_running_loop(), chunk_size=2 * half)
+        backend.restore_key_group(kg, iter(entries))
+        assert backend.list_sequence() == half + 3
+        assert list(backend.snapshot_key_group(kg)) == sorted(entries,
+                                                               key=lambda e: (e[0], e[1]))
+        reads: list[Op] = [("l", T.LIST_GET, None, keys[0], None),
+                           ("m", T.MAP_ITER, None, keys[1], None),
+                           ("l", T.LIST_GET, None, keys[2], None),
+                           ("v", T.VALUE_GET, None, keys[3], None),
+                           ("m", T.MAP_GET, "k", keys[4], None)]
+        got = await drained(harness, reads, await harness.run(reads))
+        assert got[0] == list(range(half))
+        assert sorted(got[1]) == [(i, -i) for i in range(half)]
+        assert got[2:] == [["x", "y", "z"], {"after": "the bound"}, [1]]
