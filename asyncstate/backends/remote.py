@@ -9,6 +9,7 @@ trigger order, so results are exactly the inner backend's; only their delivery i
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import threading
 import time
@@ -43,13 +44,17 @@ class SimulatedRemoteBackend:
     def __init__(self, inner: StateExecutor, *, latency_ms: float, io_parallelism: int = 2,
                  cache_entries: int = 0, failure_probability: float = 0.0,
                  seed: int | None = None) -> None:
-        if not callable(getattr(inner, "execute_batch", None)):
-            raise TypeError(f"inner must be a state backend, got {type(inner).__name__}")
+        if isinstance(inner, type) or not callable(getattr(inner, "execute_batch", None)):
+            what = f"the class {inner.__name__}" if isinstance(inner, type) \
+                else type(inner).__name__
+            raise TypeError(f"inner must be a state backend, got {what}")
         if isinstance(latency_ms, bool) or not isinstance(latency_ms, (int, float)) \
-                or not latency_ms >= 0:
-            raise ConfigError("latency_ms", latency_ms, "a number >= 0")
+                or not 0 <= latency_ms < math.inf:
+            raise ConfigError("latency_ms", latency_ms, "a finite number >= 0")
         if type(io_parallelism) is not int or io_parallelism < 1:
             raise ConfigError("io_parallelism", io_parallelism, "an int >= 1")
+        if type(cache_entries) is not int or cache_entries < 0:
+            raise ConfigError("cache_entries", cache_entries, "an int >= 0")
         if cache_entries != 0:
             raise NotImplementedError("cache_entries is not available in this version")
         if isinstance(failure_probability, bool) or \

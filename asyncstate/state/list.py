@@ -20,8 +20,10 @@ _UPDATE: Final = StateRequestType.LIST_UPDATE
 _ADD_ALL: Final = StateRequestType.LIST_ADD_ALL
 
 
-def stored_list(values: Iterable[Any], state_name: str, what: str) -> list[Any]:
-    """Stored forms of `values`; rejects str, bytes and mappings, which are not lists."""
+def stored_list(values: Any, state_name: str, what: str) -> list[Any]:
+    """Stored forms of `values`; rejects str, bytes and mappings, which are not lists, and
+    anything not iterable. (`values` is typed Any so that the compiled module runs these
+    checks rather than a type check of its own.)"""
     if isinstance(values, (str, bytes, bytearray, dict)) or not isinstance(values, Iterable):
         raise TypeError(f"{what} of state {state_name!r} expects a list of values, "
                         f"got {type(values).__name__}")
