@@ -1,9 +1,9 @@
 """Demo job: per-user click statistics on the embedded heap backend.
 
-Run with ``python -m asyncstate.demo [--records N] [--users U]``. Each click updates three
-states of its user (a counter, a running total through a ReducingState and a map of pages
-seen); every 1000th click of a user emits a milestone. At the end the job prints the top
-users and a short metrics table.
+Run with ``python -m asyncstate.demo [--records N] [--users U] [--seed S]`` (N and U are
+integers >= 1). Each click updates three states of its user (a counter, a running total
+through a ReducingState and a map of pages seen); every 1000th click of a user emits a
+milestone. At the end the job prints the top users and a short metrics table.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import random
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import asyncstate as ast
@@ -69,12 +70,37 @@ async def _run(events: list[tuple[str, str, str, int]]
     return operator.outputs(), metrics, seconds
 
 
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type=`` accepting integers >= `minimum`; argparse prefixes the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo and print its results."""
+    """Run the demo and print its results; 0 when the per-user counts match a plain count.
+
+    Bad arguments exit through argparse with status 2 and a message naming the option.
+    """
     parser = argparse.ArgumentParser(prog="python -m asyncstate.demo", description=__doc__)
-    parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--users", type=int, default=5_000)
-    parser.add_argument("--seed", type=int, default=7)
+    # At least one record: an empty run has no users to report and no meaningful rate.
+    parser.add_argument("--records", type=_int_at_least(1), default=200_000, metavar="N",
+                        help="clicks to generate, an integer >= 1 (default: %(default)s)")
+    # At least one user: user ids are drawn modulo --users.
+    parser.add_argument("--users", type=_int_at_least(1), default=5_000, metavar="U",
+                        help="user ids to draw clicks from, an integer >= 1; fewer may "
+                             "appear in the output (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=7, metavar="S",
+                        help="seed of the generated clicks (default: %(default)s)")
     args = parser.parse_args(argv)
     events = _events(args.records, args.users, args.seed)
     outputs, metrics, seconds = asyncio.run(_run(events))
