@@ -63,7 +63,7 @@ class KeyedOperator:
                  clock: Clock | None = None,
                  timestamp_selector: Callable[[Any], int | None] | None = None,
                  parallelism: int = 1, operator_index: int = 0,
-                 restore_from: str | None = None) -> None:
+                 restore_from: str | os.PathLike[str] | None = None) -> None:
         if not callable(getattr(function, "process_element", None)):
             raise TypeError(f"function must be a KeyedProcessFunction with process_element(), "
                             f"got {type(function).__name__}")
@@ -72,10 +72,19 @@ class KeyedOperator:
         if timestamp_selector is not None and not callable(timestamp_selector):
             raise TypeError("timestamp_selector must be callable or None, got "
                             f"{type(timestamp_selector).__name__}")
+        if isinstance(backend, type):
+            raise TypeError(f"backend must be a state backend instance, got the class "
+                            f"{backend.__name__} (call it: {backend.__name__}(...))")
         for method in ("open", "execute_batch", "register_state", "close"):
             if not callable(getattr(backend, method, None)):
                 raise TypeError(f"backend must be a state backend (HeapBackend, RocksDBBackend, "
                                 f"...), got {type(backend).__name__} without {method}()")
+        if clock is not None and not callable(getattr(clock, "now_ms", None)):
+            raise TypeError(f"clock must be a Clock with now_ms() (SystemClock, ManualClock) or "
+                            f"None, got {type(clock).__name__}")
+        if restore_from is not None and not isinstance(restore_from, (str, os.PathLike)):
+            raise TypeError(f"restore_from must be a checkpoint path (str or os.PathLike) or "
+                            f"None, got {type(restore_from).__name__}")
         if config is None:
             config = AsyncStateConfig()
         elif not isinstance(config, AsyncStateConfig):
@@ -88,7 +97,8 @@ class KeyedOperator:
         self.function = function
         self.backend = backend
         self.clock: Clock = clock if clock is not None else SystemClock()
-        self.restore_from = restore_from
+        self.restore_from: str | None = None if restore_from is None \
+            else os.fspath(restore_from)
         self._key_selector = key_selector
         self._timestamp_selector = timestamp_selector
         self._controller: AsyncExecutionController | None = None

@@ -1,10 +1,12 @@
 """Bad input gets a clear error naming what was wrong: SimulatedRemoteBackend options, state
-descriptors, declaring states through the RuntimeContext, and operator list state."""
+descriptors, declaring states through the RuntimeContext, operator list state, and the
+KeyedOperator's own arguments."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -462,3 +464,62 @@ def test_keyed_list_state_rejects_non_lists_naming_the_call_and_state(call, bad)
     with pytest.raises(TypeError, match=rf"^{call}\(\) of state 'items' expects a list of "
                                         rf"values, got {type(bad).__name__}$"):
         ast.run(_ListAll(), [(call, bad)], key_selector=lambda r: r[0])
+
+
+# -- KeyedOperator arguments --------------------------------------------------------------
+
+
+class _Noop(ast.KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+        return None
+
+
+def _operator(**overrides: Any) -> ast.KeyedOperator:
+    arguments: dict[str, Any] = {"key_selector": lambda r: r, "backend": ast.HeapBackend()}
+    arguments.update(overrides)
+    function = arguments.pop("function", _Noop())
+    return ast.KeyedOperator(function, **arguments)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"function": object()},
+     r"^function must be a KeyedProcessFunction with process_element\(\), got object$"),
+    ({"key_selector": 5}, r"^key_selector must be callable, got int$"),
+    ({"timestamp_selector": 3}, r"^timestamp_selector must be callable or None, got int$"),
+    ({"backend": object()}, r"^backend must be a state backend \(HeapBackend, RocksDBBackend, "
+                            r"\.\.\.\), got object without open\(\)$"),
+    ({"backend": ast.HeapBackend}, r"^backend must be a state backend instance, got the class "
+                                   r"HeapBackend \(call it: HeapBackend\(\.\.\.\)\)$"),
+    ({"config": {}}, r"^config must be an AsyncStateConfig, got dict$"),
+    ({"clock": 5}, r"^clock must be a Clock with now_ms\(\) \(SystemClock, ManualClock\) or "
+                   r"None, got int$"),
+    ({"restore_from": 5}, r"^restore_from must be a checkpoint path \(str or os\.PathLike\) "
+                          r"or None, got int$"),
+], ids=["function", "key_selector", "timestamp_selector", "backend", "backend-class", "config",
+        "clock", "restore_from"])
+def test_keyed_operator_names_a_bad_argument(overrides, message):
+    with pytest.raises(TypeError, match=message):
+        _operator(**overrides)
+
+
+async def test_restore_from_accepts_a_path_object(tmp_path):
+    class Count(ast.KeyedProcessFunction):
+        def open(self, ctx: ast.RuntimeContext) -> None:
+            self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+        async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+            n = (await self.count.value() or 0) + 1
+            self.count.update(n)
+            ctx.emit((value, n))
+
+    async with _operator(function=Count()) as op:
+        for record in (1, 2, 1):
+            await op.process(record)
+        checkpoint = await op.snapshot(tmp_path, 1)
+    restored = _operator(function=Count(), restore_from=Path(checkpoint))
+    assert restored.restore_from == checkpoint
+    async with restored:
+        for record in (1, 2, 3):
+            await restored.process(record)
+        await restored.drain()
+        assert restored.outputs() == [(1, 3), (2, 2), (3, 1)]
