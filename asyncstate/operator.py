@@ -21,6 +21,7 @@ import mmh3
 from asyncstate.backends.base import StateExecutor
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.checkpoint.layout import checkpoint_path
+from asyncstate.checkpoint.operator_state import read_operator_extras
 from asyncstate.checkpoint.reader import open_checkpoint
 from asyncstate.checkpoint.snapshot import restore_snapshot, write_snapshot
 from asyncstate.clock import Clock, ManualClock, SystemClock
@@ -202,21 +203,16 @@ class KeyedOperator:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def _restore(self) -> dict[str, list[list[bytes]]]:
+    def _restore(self) -> dict[str, list[list[Any]]]:
         """Restore this instance's key groups; returns operator state parts by name."""
         assert self.restore_from is not None
         checkpoint = open_checkpoint(self.restore_from)  # checks the parts cover every group
-        info = restore_snapshot(self.backend, checkpoint, self.key_group_range,  # type: ignore[arg-type]
-                                self.config.max_parallelism)
-        extras: list[dict[str, Any]] = info["extras"]
-        sequence = max((int(e.get("list_sequence", 0)) for e in extras), default=0)
+        sequence, parts = read_operator_extras(checkpoint)  # checked before any state moves
+        restore_snapshot(self.backend, checkpoint, self.key_group_range,  # type: ignore[arg-type]
+                         self.config.max_parallelism)
         set_sequence = getattr(self.backend, "set_list_sequence", None)
         if set_sequence is not None:
             set_sequence(sequence)
-        parts: dict[str, list[list[bytes]]] = {}
-        for i, extra in enumerate(extras):
-            for name, entry in extra.get("operator_state", {}).items():
-                parts.setdefault(name, [[] for _ in extras])[i] = list(entry["items"])
         return parts
 
     async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: int) -> str:

@@ -16,7 +16,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import msgpack
 
@@ -93,7 +93,7 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
     try:
         with open(manifest_path, "rb") as f:
             raw = json.loads(f.read())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise CheckpointError(
             f"checkpoint manifest {manifest_path!r} cannot be read: {exc}",
             path=manifest_path) from exc
@@ -168,7 +168,7 @@ def _read_extra(part: PartManifest) -> dict[str, Any]:
             f"data file {path!r} of checkpoint part {part.name} has {actual} bytes but its "
             f"manifest expects {part.data_size} (truncated or overwritten); {where}", path=path)
     e = part.extra_entry
-    with open(path, "rb") as f:
+    with _open_data(path) as f:
         magic = f.read(len(DATA_MAGIC))
         f.seek(e.offset)
         blob = f.read(e.size)
@@ -255,11 +255,7 @@ class Checkpoint:
             if not wanted:
                 continue
             path = part.data_path
-            try:
-                f = open(path, "rb")  # noqa: SIM115 - closed in finally across yields
-            except OSError as exc:
-                raise CheckpointError(f"data file {path!r} cannot be opened: {exc}",
-                                      path=path) from exc
+            f = _open_data(path)
             try:
                 for kg in wanted:
                     yield kg, _read_key_group(f, path, kg, part.key_groups[kg])
@@ -269,9 +265,17 @@ class Checkpoint:
     def verify(self) -> None:
         """Read every key group of every part and check its size and checksum."""
         for part in self.parts:
-            with open(part.data_path, "rb") as f:
+            with _open_data(part.data_path) as f:
                 for kg, e in part.key_groups.items():
                     _read_checked(f, part.data_path, kg, e)
+
+
+def _open_data(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise CheckpointError(f"data file {path!r} cannot be opened: {exc}",
+                              path=path) from exc
 
 
 def _read_checked(f: Any, path: str, kg: int, e: KeyGroupEntry) -> bytes:
@@ -289,19 +293,53 @@ def _read_checked(f: Any, path: str, kg: int, e: KeyGroupEntry) -> bytes:
 
 
 def _read_key_group(f: Any, path: str, kg: int, e: KeyGroupEntry) -> list[Any]:
+    """Decode a checked key group: exactly `e.records` whole msgpack records, nothing after.
+
+    The records are decoded as one array whose header says `e.records`, so a count mismatch,
+    trailing bytes or an incomplete last record all fail the decode; only then does
+    `_decode_stream` walk the records one by one to say which it was.
+    """
     data = _read_checked(f, path, kg, e)
+    try:
+        records: list[Any] = msgpack.unpackb(
+            _array_header(e.records) + data, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return _decode_stream(data, path, kg, e.records)
+    return records
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 2**16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _decode_stream(data: bytes, path: str, kg: int, expected: int) -> list[Any]:
+    """Decode `data` record by record; raise the CheckpointError saying why it is not
+    `expected` whole records (the records themselves when it is, which the one-array decode
+    refuses only for a record nested one level short of msgpack's depth limit)."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False,
                                 max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
+    records: list[Any] = []
+    end = 0
     try:
-        records = list(unpacker)
+        for record in unpacker:
+            records.append(record)
+            end = unpacker.tell()
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CheckpointError(f"key group {kg} of data file {path!r} cannot be decoded: {exc}",
                               path=path) from exc
-    if len(records) != e.records:
+    if end != len(data):
+        raise CheckpointError(
+            f"key group {kg} of data file {path!r} cannot be decoded: it ends in an incomplete "
+            f"record ({len(data) - end} bytes after record {len(records)})", path=path)
+    if len(records) != expected:
         raise CheckpointError(
             f"key group {kg} of data file {path!r} holds {len(records)} records, its manifest "
-            f"says {e.records}", path=path)
+            f"says {expected}", path=path)
     return records
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import re
 
+import msgpack
 import pytest
 
 from asyncstate.checkpoint.format import (
@@ -122,7 +123,6 @@ def test_extra_may_hold_bytes_and_nested_values(tmp_path):
 
 
 def test_packed_records_are_written_verbatim(tmp_path):
-    import msgpack
     chk = checkpoint_path(tmp_path, 1)
     recs = [[1, "a"], [2, b"b"], {"k": 3}]
     data = b"".join(msgpack.packb(r, use_bin_type=True) for r in recs)
@@ -138,6 +138,33 @@ def test_streamed_records_of_a_big_key_group(tmp_path):
                key_groups=[(1, ([i, "x" * (i % 7)] for i in range(n)))])
     got = read_all(chk)
     assert list(got) == [1] and len(got[1]) == n and got[1][-1] == [n - 1, "x" * ((n - 1) % 7)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 65_535, 65_536])
+def test_key_groups_of_every_array_header_size_read_back(tmp_path, n):
+    """Records are decoded as one array whose header the reader builds from the manifest's
+    count: fixarray, array 16 and array 32 headers all give back exactly the records."""
+    chk = checkpoint_path(tmp_path, 1)
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=2, states={},
+               key_groups=[(0, [[1, 2]]), (1, (i for i in range(n)))])
+    got = read_all(chk)
+    assert got == ({0: [[1, 2]], 1: list(range(n))} if n else {0: [[1, 2]]})
+
+
+def test_record_at_msgpacks_depth_limit_reads_back(tmp_path):
+    """A record nested as deep as msgpack decodes alone is one level too deep inside the
+    one-array decode; the record-by-record decode reads it."""
+    deep: object = None
+    for _ in range(1024):
+        deep = [deep]
+    with pytest.raises(ValueError):  # the one-array decode of it fails ...
+        msgpack.unpackb(b"\x91" + msgpack.packb(deep))
+    chk = checkpoint_path(tmp_path, 1)
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=2, states={},
+               key_groups=[(1, [7, deep, "after"])])
+    got = read_all(chk)  # ... and the record-by-record one reads it
+    assert list(got) == [1] and len(got[1]) == 3  # (== on 1024 levels passes Python's limit)
+    assert [msgpack.packb(r) for r in got[1]] == [msgpack.packb(r) for r in (7, deep, "after")]
 
 
 def test_manifest_describes_the_part(tmp_path):
@@ -472,7 +499,6 @@ def test_unparsable_manifest_is_rejected(tmp_path):
 
 def test_restore_never_unpickles(tmp_path):
     """Records and extra are msgpack: an ext type (where a pickle could hide) stays opaque."""
-    import msgpack
     chk = checkpoint_path(tmp_path, 1)
     payload = msgpack.ExtType(42, b"cos\nsystem\n(S'echo pwned'\ntR.")
     write_part(chk, parallelism=1, operator_index=0, max_parallelism=2, states={},

@@ -1,0 +1,496 @@
+"""Damaged and crafted checkpoints fail the restore with a CheckpointError naming the file.
+
+Each test copies a real checkpoint, written by two `KeyedOperator` instances on the heap or
+RocksDB backend, damages one thing, and restores it (into one instance of the same backend
+kind, so both parts are read). Payloads that must still pass their checksum, as a writer bug
+or a crafted file would, are rewritten the way `write_part` writes them: offsets, sizes,
+CRC-32s and `data_size` recomputed. The last section covers the writer's own guards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import zlib
+from typing import Any
+
+import msgpack
+import pytest
+
+import asyncstate as ast
+from asyncstate.checkpoint.format import (
+    DATA_MAGIC,
+    MANIFEST_NAME,
+    checkpoint_path,
+    open_checkpoint,
+    write_part,
+)
+from asyncstate.checkpoint.snapshot import restore_snapshot
+from asyncstate.checkpoint.writer import _CHUNK_RECORDS
+from asyncstate.errors import CheckpointError
+from asyncstate.keygroups import KeyGroupRange
+from asyncstate.runtime.requests import StateKind
+
+MAX_P = 16
+PARALLELISM = 2
+KEYS = 40
+CONFIG = ast.AsyncStateConfig(max_parallelism=MAX_P)
+DAMAGED = "part-2-1"  # the second part: the first one reads fine before the damage is met
+
+
+class Tally(ast.KeyedProcessFunction):
+    """Per key: records seen (ValueState) and their items (ListState); emits (key, n, items).
+    One operator list state, so each part's extra holds operator state."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+        self.items = ctx.get_list_state(ast.ListStateDescriptor("items"))
+        self.offsets = ctx.get_operator_list_state("offsets")
+
+    async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+        key, item = value
+        n = (await self.count.value() or 0) + 1
+        await self.count.update(n)
+        await self.items.add(item)
+        ctx.emit((key, n, await (await self.items.get()).to_list()))
+
+
+def _backend(kind: str, directory: str) -> Any:
+    return ast.HeapBackend() if kind == "heap" else ast.RocksDBBackend(directory)
+
+
+def _owner(key: str) -> int:
+    kg = ast.assign_to_key_group(key, MAX_P)
+    return ast.compute_operator_index_for_key_group(MAX_P, PARALLELISM, kg)
+
+
+async def _write_checkpoint(directory: str, kind: str) -> str:
+    """Checkpoint 1 of a two-instance Tally job in which key k<i> saw items i and -i."""
+    paths = set()
+    for index in range(PARALLELISM):
+        fn = Tally()
+        backend = _backend(kind, os.path.join(directory, f"db-{index}"))
+        async with ast.KeyedOperator(fn, key_selector=lambda r: r[0], backend=backend,
+                                     config=CONFIG, parallelism=PARALLELISM,
+                                     operator_index=index) as op:
+            await fn.offsets.add(f"offset-{index}")
+            for i in range(KEYS):
+                if _owner(f"k{i}") == index:
+                    await op.process((f"k{i}", i))
+                    await op.process((f"k{i}", -i))
+            paths.add(await op.snapshot(directory, 1))
+    (path,) = paths
+    return path
+
+
+@pytest.fixture(scope="module", params=["heap", "rocksdb"])
+def pristine(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(backend kind, path) of an undamaged checkpoint, written once per module and kind."""
+    directory = str(tmp_path_factory.mktemp(f"pristine-{request.param}"))
+    return request.param, asyncio.run(_write_checkpoint(directory, request.param))
+
+
+class Copy:
+    """A private copy of the pristine checkpoint, with the means to damage and restore it."""
+
+    def __init__(self, kind: str, pristine_path: str, tmp: str) -> None:
+        self.kind = kind
+        self.tmp = tmp
+        self.path = checkpoint_path(tmp, 1)
+        shutil.copytree(pristine_path, self.path)
+
+    def manifest_path(self, part: str = DAMAGED) -> str:
+        return os.path.join(self.path, part, MANIFEST_NAME)
+
+    def manifest(self, part: str = DAMAGED) -> dict[str, Any]:
+        with open(self.manifest_path(part), "rb") as f:
+            manifest: dict[str, Any] = json.loads(f.read())
+        return manifest
+
+    def save_manifest(self, manifest: dict[str, Any], part: str = DAMAGED) -> None:
+        with open(self.manifest_path(part), "wb") as f:
+            f.write(json.dumps(manifest, indent=1).encode())
+
+    def write_manifest_text(self, text: str, part: str = DAMAGED) -> None:
+        with open(self.manifest_path(part), "w") as f:
+            f.write(text)
+
+    def data_path(self, part: str = DAMAGED) -> str:
+        return os.path.join(self.path, part, self.manifest(part)["data_file"])
+
+    def first_key_group(self, part: str = DAMAGED) -> tuple[int, int]:
+        """(key group, records) of the part's first non-empty key group."""
+        entry = self.manifest(part)["key_groups"][0]
+        return entry["key_group"], entry["records"]
+
+    def payloads(self, part: str = DAMAGED) -> tuple[dict[int, bytes], bytes]:
+        """Each listed key group's bytes, and the extra blob's."""
+        m = self.manifest(part)
+        with open(self.data_path(part), "rb") as f:
+            data = f.read()
+        groups = {e["key_group"]: data[e["offset"]:e["offset"] + e["size"]]
+                  for e in m["key_groups"]}
+        extra = m["extra"]
+        return groups, data[extra["offset"]:extra["offset"] + extra["size"]]
+
+    def rewrite(self, part: str = DAMAGED, *, key_groups: dict[int, bytes] | None = None,
+                extra: bytes | None = None) -> None:
+        """Replace key group payloads and/or the extra blob; lay the file out and checksum
+        it as `write_part` does, so only the content is wrong, never a size or a CRC."""
+        m = self.manifest(part)
+        groups, extra_blob = self.payloads(part)
+        groups.update(key_groups or {})
+        extra_blob = extra_blob if extra is None else extra
+        out = bytearray(DATA_MAGIC)
+        for entry in m["key_groups"]:
+            blob = groups[entry["key_group"]]
+            entry.update(offset=len(out), size=len(blob), crc32=zlib.crc32(blob))
+            out += blob
+        m["extra"] = {"offset": len(out), "size": len(extra_blob), "records": 1,
+                      "crc32": zlib.crc32(extra_blob)}
+        out += extra_blob
+        m["data_size"] = len(out)
+        with open(self.data_path(part), "wb") as f:
+            f.write(out)
+        self.save_manifest(m, part)
+
+    async def restore(self) -> dict[str, tuple[int, list[int]]]:
+        """Restore all key groups into one Tally instance, send each key the item 100, and
+        return what it emitted per key."""
+        fn = Tally()
+        backend = _backend(self.kind, os.path.join(self.tmp, "restored-db"))
+        async with ast.KeyedOperator(fn, key_selector=lambda r: r[0], backend=backend,
+                                     config=CONFIG, restore_from=self.path) as op:
+            for i in range(KEYS):
+                await op.process((f"k{i}", 100))
+            await op.drain()
+            return {key: (n, items) for key, n, items in op.outputs()}
+
+
+@pytest.fixture
+def chk(pristine: tuple[str, str], tmp_path: Any) -> Copy:
+    kind, path = pristine
+    return Copy(kind, path, str(tmp_path))
+
+
+def q(path: str) -> str:
+    """A path as the messages quote it (repr), escaped for a regex."""
+    return re.escape(repr(path))
+
+
+async def assert_restore_refused(chk: Copy, pattern: str, path: str) -> None:
+    with pytest.raises(CheckpointError, match=pattern) as exc:
+        await chk.restore()
+    assert exc.value.path == path
+
+
+def _packed(*objs: Any) -> bytes:
+    return b"".join(msgpack.packb(o, use_bin_type=True) for o in objs)
+
+
+def _records(blob: bytes) -> list[Any]:
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(blob)
+    return list(unpacker)
+
+
+# -- the undamaged copy ----------------------------------------------------------------------
+
+
+async def test_undamaged_copy_restores_every_key(chk: Copy) -> None:
+    # The baseline: each test below fails because of its damage, not because of the copy.
+    assert await chk.restore() == {f"k{i}": (3, [i, -i, 100]) for i in range(KEYS)}
+
+
+def test_checkpoint_repr_names_path_max_parallelism_parts_and_states(
+        pristine: tuple[str, str]) -> None:
+    _, path = pristine
+    assert repr(open_checkpoint(path)) == (
+        f"<Checkpoint {path!r} max_parallelism={MAX_P} parts=['part-2-0', 'part-2-1'] "
+        "states=['count', 'items']>")
+
+
+# -- damaged manifests -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("document", ["[]", "null", '"_MANIFEST"', "42", "[{\"format\": 1}]"])
+async def test_manifest_that_is_json_but_not_an_object_is_refused(chk: Copy,
+                                                                  document: str) -> None:
+    chk.write_manifest_text(document)
+    path = chk.manifest_path()
+    await assert_restore_refused(chk, rf"^checkpoint manifest {q(path)} is not a JSON object$",
+                                 path)
+
+
+@pytest.mark.parametrize("entry", [7, None, "k8", [8, 8, 1, 0]])
+async def test_key_group_index_entry_that_is_not_an_object_is_refused(chk: Copy,
+                                                                      entry: Any) -> None:
+    m = chk.manifest()
+    m["key_groups"][1] = entry
+    chk.save_manifest(m)
+    path = chk.manifest_path()
+    await assert_restore_refused(
+        chk, rf"^checkpoint manifest {q(path)} has an invalid index entry: "
+             rf"{re.escape(repr(entry))}$", path)
+
+
+@pytest.mark.parametrize("extra", ["missing", None, [8, 0, 1, 0]])
+async def test_extra_entry_that_is_not_an_object_is_refused(chk: Copy, extra: Any) -> None:
+    m = chk.manifest()
+    if extra == "missing":
+        del m["extra"]
+    else:
+        m["extra"] = extra
+    chk.save_manifest(m)
+    path = chk.manifest_path()
+    await assert_restore_refused(chk, rf"^checkpoint manifest {q(path)} has an invalid ", path)
+
+
+@pytest.mark.parametrize("index", ["missing", None, {}, "8..15"])
+async def test_manifest_without_a_key_group_index_list_is_refused(chk: Copy,
+                                                                  index: Any) -> None:
+    m = chk.manifest()
+    if index == "missing":
+        del m["key_groups"]
+    else:
+        m["key_groups"] = index
+    chk.save_manifest(m)
+    path = chk.manifest_path()
+    await assert_restore_refused(chk, rf"^checkpoint manifest {q(path)} has no key group index$",
+                                 path)
+
+
+# -- damaged data files, found when the checkpoint is opened ---------------------------------
+
+
+@pytest.mark.parametrize("magic", [b"ASCKPT\x00\x02", bytes(8), b"PK\x03\x04\x14\x00\x00\x00"])
+async def test_data_file_with_bad_magic_is_refused(chk: Copy, magic: bytes) -> None:
+    path = chk.data_path()
+    with open(path, "r+b") as f:
+        f.write(magic)  # same size: only the magic check can notice
+    await assert_restore_refused(
+        chk, rf"^data file {q(path)} is not an asyncstate checkpoint data file \(bad magic\)$",
+        path)
+
+
+@pytest.mark.parametrize("blob", [
+    pytest.param(b"", id="empty"),
+    pytest.param(b"\xc1", id="reserved-byte"),
+    pytest.param(b"\x82\xa1a\x01", id="incomplete"),
+    pytest.param(_packed({}, {}), id="two-maps"),
+    pytest.param(b"\x81\x91\x01\x02", id="list-as-map-key"),
+    pytest.param(b"\x91" * 2000 + b"\xc0", id="nested-too-deep"),
+])
+async def test_extra_section_that_cannot_be_decoded_is_refused(chk: Copy, blob: bytes) -> None:
+    chk.rewrite(extra=blob)
+    path = chk.data_path()
+    await assert_restore_refused(
+        chk, rf"^extra section of data file {q(path)} cannot be decoded: ", path)
+
+
+@pytest.mark.parametrize("value", [[1, 2], None, "operator_state", 7, b"\x80"])
+async def test_extra_section_that_is_not_a_map_is_refused(chk: Copy, value: Any) -> None:
+    chk.rewrite(extra=_packed(value))
+    path = chk.data_path()
+    await assert_restore_refused(chk, rf"^extra section of data file {q(path)} is not a map$",
+                                 path)
+
+
+# -- damaged data files, found when key groups are read --------------------------------------
+
+
+def _vanish(path: str, how: str) -> None:
+    os.unlink(path)
+    if how == "directory":
+        os.mkdir(path)
+
+
+@pytest.mark.parametrize("how", ["deleted", "directory"])
+def test_data_file_that_vanishes_after_open_is_refused_on_read(chk: Copy, how: str) -> None:
+    cp = open_checkpoint(chk.path)  # the file is still there and whole
+    path = chk.data_path()
+    _vanish(path, how)
+    pattern = rf"^data file {q(path)} cannot be opened: "
+    reader = cp.read_key_groups(KeyGroupRange(0, MAX_P - 1))
+    with pytest.raises(CheckpointError, match=pattern) as exc:
+        for _ in reader:
+            pass
+    assert exc.value.path == path
+    with pytest.raises(CheckpointError, match=pattern) as exc:
+        restore_snapshot(ast.HeapBackend(), cp, KeyGroupRange(0, MAX_P - 1), MAX_P)
+    assert exc.value.path == path
+
+
+@pytest.mark.parametrize("how", ["deleted", "directory"])
+def test_verify_of_a_data_file_that_vanished_after_open_is_refused(chk: Copy, how: str) -> None:
+    cp = open_checkpoint(chk.path)
+    path = chk.data_path()
+    _vanish(path, how)
+    with pytest.raises(CheckpointError, match=rf"^data file {q(path)} cannot be opened: "):
+        cp.verify()
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda blob: b"\xc1", id="reserved-byte"),
+    pytest.param(lambda blob: blob + b"\xc1", id="reserved-byte-after-the-records"),
+    pytest.param(lambda blob: b"\x81\x91\x01\x02" + blob, id="list-as-map-key"),
+    pytest.param(lambda blob: b"\x91" * 2000 + b"\xc0" + blob, id="nested-too-deep"),
+])
+async def test_key_group_that_passes_its_checksum_but_cannot_be_decoded_is_refused(
+        chk: Copy, damage: Any) -> None:
+    kg, _ = chk.first_key_group()
+    groups, _ = chk.payloads()
+    chk.rewrite(key_groups={kg: damage(groups[kg])})
+    open_checkpoint(chk.path).verify()  # sizes and checksums are all right
+    path = chk.data_path()
+    await assert_restore_refused(
+        chk, rf"^key group {kg} of data file {q(path)} cannot be decoded: ", path)
+
+
+@pytest.mark.parametrize("change", ["drop-last", "add-one", "manifest-says-one-more"])
+async def test_key_group_holding_another_number_of_records_than_its_manifest_is_refused(
+        chk: Copy, change: str) -> None:
+    kg, n = chk.first_key_group()
+    groups, _ = chk.payloads()
+    records = _records(groups[kg])
+    assert len(records) == n
+    if change == "drop-last":
+        chk.rewrite(key_groups={kg: _packed(*records[:-1])})
+        held, said = n - 1, n
+    elif change == "add-one":
+        chk.rewrite(key_groups={kg: _packed(*records, None)})
+        held, said = n + 1, n
+    else:  # PackedRecords with a wrong num_records: the bytes and CRC stay right
+        m = chk.manifest()
+        m["key_groups"][0]["records"] = n + 1
+        chk.save_manifest(m)
+        held, said = n, n + 1
+    open_checkpoint(chk.path).verify()
+    path = chk.data_path()
+    await assert_restore_refused(
+        chk, rf"^key group {kg} of data file {q(path)} holds {held} records, its manifest "
+             rf"says {said}$", path)
+
+
+# -- incomplete records, deep nesting, unopenable files, extras of the wrong shape ---------
+
+
+@pytest.mark.parametrize("tail", [b"\x92\x01", b"\xdb\xff\xff\xff\xff"],
+                         ids=["array-of-2-with-1", "str-of-4-gib"])
+async def test_key_group_ending_in_an_incomplete_record_is_refused(chk: Copy,
+                                                                   tail: bytes) -> None:
+    kg, _ = chk.first_key_group()
+    groups, _ = chk.payloads()
+    chk.rewrite(key_groups={kg: groups[kg] + tail})  # record count still right
+    path = chk.data_path()
+    await assert_restore_refused(chk, rf"^key group {kg} of data file {q(path)} ", path)
+
+
+async def test_manifest_nested_too_deeply_is_refused(chk: Copy) -> None:
+    chk.write_manifest_text("[" * 10_000 + "]" * 10_000)
+    path = chk.manifest_path()
+    await assert_restore_refused(chk, rf"^checkpoint manifest {q(path)} cannot be read: ", path)
+
+
+async def test_data_file_that_cannot_be_opened_at_open_is_refused(chk: Copy) -> None:
+    path = chk.data_path()
+    os.unlink(path)
+    os.mkdir(path)  # as root, the one way to make stat succeed and open fail
+    size = os.stat(path).st_size
+    if size < len(DATA_MAGIC):
+        pytest.skip(f"directories on this file system have st_size {size}")
+    m = chk.manifest()
+    m.update(data_size=size, key_groups=[],
+             extra={"offset": len(DATA_MAGIC), "size": 0, "records": 1, "crc32": 0})
+    chk.save_manifest(m)
+    await assert_restore_refused(chk, rf"^data file {q(path)} ", path)
+
+
+@pytest.mark.parametrize("extra", [
+    pytest.param({"operator_state": 5}, id="operator-state-not-a-map"),
+    pytest.param({"operator_state": {"offsets": {"items": 5}}}, id="items-not-a-list"),
+    pytest.param({"list_sequence": "thirty-six"}, id="list-sequence-not-an-int"),
+])
+async def test_extra_map_of_the_wrong_shape_is_refused(chk: Copy, extra: Any) -> None:
+    chk.rewrite(extra=_packed(extra))
+    path = chk.data_path()
+    await assert_restore_refused(chk, rf"^extra section of data file {q(path)} ", path)
+
+
+# -- the writer's own guards -----------------------------------------------------------------
+
+
+def test_writer_skips_empty_key_groups_and_ends_one_on_a_chunk_boundary(tmp_path: Any) -> None:
+    path = checkpoint_path(tmp_path, 1)
+    written = write_part(path, parallelism=1, operator_index=0, max_parallelism=4, states={},
+                         key_groups=[(0, []), (1, iter(())), (2, range(_CHUNK_RECORDS)),
+                                     (3, range(2 * _CHUNK_RECORDS))])
+    assert sorted(written.key_groups) == [2, 3]
+    cp = open_checkpoint(path)
+    got = {kg: list(records) for kg, records in cp.read_key_groups(KeyGroupRange(0, 3))}
+    assert got == {2: list(range(_CHUNK_RECORDS)), 3: list(range(2 * _CHUNK_RECORDS))}
+
+
+@pytest.mark.parametrize(("name", "kind"), [("count", StateKind.VALUE), (1, "value"),
+                                            ("count", None)])
+def test_states_not_mapping_str_to_str_are_a_type_error_and_write_nothing(
+        tmp_path: Any, name: Any, kind: Any) -> None:
+    path = checkpoint_path(tmp_path, 1)
+    with pytest.raises(TypeError, match=rf"^states must map str names to str kinds, got "
+                                        rf"{re.escape(repr(name))}: {re.escape(repr(kind))}$"):
+        write_part(path, parallelism=1, operator_index=0, max_parallelism=4,
+                   states={name: kind}, key_groups=[])
+    assert not os.path.exists(path)
+
+
+_SELF: list[Any] = []
+_SELF.append(_SELF)
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param(object(), id="object"),
+    pytest.param(2**64, id="int-too-big"),
+    pytest.param(_SELF, id="self-containing-list"),
+])
+async def test_extra_msgpack_cannot_encode_is_refused_and_keeps_the_old_part(
+        chk: Copy, value: Any) -> None:
+    part_dir = os.path.join(chk.path, DAMAGED)
+    before = sorted(os.listdir(part_dir))
+    with pytest.raises(CheckpointError, match=rf"^extra of checkpoint part {q(part_dir)} "
+                                              r"cannot be encoded with msgpack: ") as exc:
+        write_part(chk.path, parallelism=PARALLELISM, operator_index=1, max_parallelism=MAX_P,
+                   states={}, key_groups=[], extra={"x": value})
+    assert exc.value.path == part_dir
+    assert sorted(os.listdir(part_dir)) == before
+    assert await chk.restore() == {f"k{i}": (3, [i, -i, 100]) for i in range(KEYS)}
+
+
+def test_cleanup_that_cannot_list_the_part_directory_still_commits(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = checkpoint_path(tmp_path, 1)
+    part_dir = os.path.join(path, "part-1-0")
+    write_part(path, parallelism=1, operator_index=0, max_parallelism=4, states={},
+               key_groups=[], extra={"v": 1})
+    leftover = os.path.join(part_dir, "data-dead.bin")
+    with open(leftover, "wb") as f:
+        f.write(b"partial")
+    listdir = os.listdir
+
+    def unlistable(p: Any = ".") -> list[str]:
+        if os.fspath(p) == part_dir:
+            raise PermissionError(13, "Permission denied", part_dir)
+        return listdir(p)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "listdir", unlistable)
+        written = write_part(path, parallelism=1, operator_index=0, max_parallelism=4,
+                             states={}, key_groups=[(1, ["x"])], extra={"v": 2},
+                             stale_after_s=0)
+    cp = open_checkpoint(path)  # the rename committed; only the cleanup was skipped
+    assert cp.extras == [{"v": 2}]
+    assert cp.parts[0].data_file == written.data_file
+    assert os.path.exists(leftover)
