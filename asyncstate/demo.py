@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nmetric              value")
     for name in ("records_in", "records_done", "in_flight_peak", "requests", "batches"):
         print(f"  {name:<17} {metrics[name]:>8,}")
+    if metrics["batches"] == 0:
+        print("    (HeapBackend answers each state request at once: nothing to batch)")
     print(f"  {'blocked_seconds':<17} {metrics['blocked_seconds']:>8.3f}")
     return 0 if ok else 1
 

@@ -158,6 +158,9 @@ def test_main_reports_matching_counts_and_consistent_header(
     assert all(clicks[user] == int(n.replace(",", "")) for user, n in rows)
     for metric in ("records_in", "records_done"):
         assert re.search(rf"^  {metric} +{records:,}$", out, re.MULTILINE), out
+    # On the heap every request is answered at once, and the table says why none batched.
+    assert re.search(r"^  batches +0\n    \(HeapBackend answers each state request at once: "
+                     r"nothing to batch\)$", out, re.MULTILINE), out
 
 
 def test_module_runs_as_a_script() -> None:
