@@ -5,8 +5,13 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from asyncstate.checkpoint.operator_state import redistribute_even_split, redistribute_union
-from asyncstate.errors import ConfigError
+from asyncstate.checkpoint.operator_state import (
+    RestoredExtras,
+    carried_share,
+    redistribute_even_split,
+    redistribute_union,
+)
+from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.runtime.requests import StateKind
 from asyncstate.state.base import InternalState
 from asyncstate.state.descriptors import (
@@ -80,13 +85,14 @@ class RuntimeContext:
 
     def __init__(self, controller: AsyncExecutionController, backend: Any, *,
                  parallelism: int = 1, operator_index: int = 0,
-                 restored_operator_state: dict[str, list[list[bytes]]] | None = None) -> None:
+                 restored: RestoredExtras | None = None) -> None:
         self._controller = controller
         self._backend = backend
         self._states: dict[str, InternalState] = {}
         self._parallelism = parallelism
         self._operator_index = operator_index
-        self._restored = restored_operator_state or {}
+        self._restored_from = restored
+        self._restored = restored.operator_parts if restored is not None else {}
         self._operator_states: dict[str, OperatorListState[Any]] = {}
 
     def __repr__(self) -> str:
@@ -106,6 +112,15 @@ class RuntimeContext:
             raise NotImplementedError(
                 f"state {descriptor.name!r} has a TTL config, but state TTL is not available "
                 "in this version of asyncstate")
+        restored = self._restored_from
+        if restored is not None:
+            kind = restored.states.get(descriptor.name, descriptor.kind.value)
+            if kind != descriptor.kind.value:
+                raise CheckpointError(
+                    f"state {descriptor.name!r} is declared as {descriptor.kind.value} state, "
+                    f"but checkpoint {restored.path!r} holds it as {kind} state; a state keeps "
+                    "its kind for the life of the job (declare another name for the new kind)",
+                    path=restored.path)
         handle = self._backend.register_state(descriptor.name, descriptor.kind)
         state = _STATE_CLASSES[descriptor.kind](descriptor, self._controller, handle)
         self._states[descriptor.name] = state
@@ -166,6 +181,15 @@ class RuntimeContext:
         return self._operator_state(name, RedistributionMode.UNION)
 
     def operator_state_snapshot(self) -> dict[str, dict[str, Any]]:
-        """Checkpoint form of every operator list state (internal)."""
-        return {name: state.snapshot() for name, state in self._operator_states.items()}
+        """Checkpoint form of every operator list state (internal), restored ones this run
+        never declared included: they are carried into the checkpoint unchanged."""
+        snapshot = {name: state.snapshot() for name, state in self._operator_states.items()}
+        restored = self._restored_from
+        if restored is not None:
+            for name, parts in restored.operator_parts.items():
+                if name not in snapshot:
+                    snapshot[name] = {
+                        "mode": restored.operator_modes[name],
+                        "items": carried_share(parts, self._parallelism, self._operator_index)}
+        return snapshot
 

@@ -21,9 +21,9 @@ import mmh3
 from asyncstate.backends.base import StateExecutor
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.checkpoint.layout import checkpoint_path
-from asyncstate.checkpoint.operator_state import read_operator_extras
+from asyncstate.checkpoint.operator_state import RestoredExtras, read_operator_extras
 from asyncstate.checkpoint.reader import open_checkpoint
-from asyncstate.checkpoint.snapshot import restore_snapshot, write_snapshot
+from asyncstate.checkpoint.snapshot import checkpoint_store, restore_snapshot, write_snapshot
 from asyncstate.clock import Clock, ManualClock, SystemClock
 from asyncstate.config import AsyncStateConfig
 from asyncstate.errors import ConfigError, InvalidStateError, KeyGroupError
@@ -157,7 +157,7 @@ class KeyedOperator:
             restored = self._restore() if self.restore_from is not None else None
             self.runtime_context = RuntimeContext(
                 controller, self.backend, parallelism=self.parallelism,
-                operator_index=self.operator_index, restored_operator_state=restored)
+                operator_index=self.operator_index, restored=restored)
             self.function.open(self.runtime_context)
         except BaseException:
             self._close()
@@ -203,31 +203,36 @@ class KeyedOperator:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def _restore(self) -> dict[str, list[list[Any]]]:
-        """Restore this instance's key groups; returns operator state parts by name."""
+    def _restore(self) -> RestoredExtras:
+        """Restore this instance's key groups; returns what the runtime context needs of the
+        checkpoint (operator state, state kinds)."""
         assert self.restore_from is not None
         checkpoint = open_checkpoint(self.restore_from)  # checks the parts cover every group
-        sequence, parts = read_operator_extras(checkpoint)  # checked before any state moves
-        restore_snapshot(self.backend, checkpoint, self.key_group_range,  # type: ignore[arg-type]
-                         self.config.max_parallelism)
-        set_sequence = getattr(self.backend, "set_list_sequence", None)
+        extras = read_operator_extras(checkpoint)  # checked before any state moves
+        store = checkpoint_store(self.backend, checkpoint.path)
+        discard = getattr(store, "discard_state", None)
+        if discard is not None:  # a directory used before: the checkpoint replaces its state
+            discard()
+        restore_snapshot(store, checkpoint, self.key_group_range, self.config.max_parallelism)
+        set_sequence = getattr(store, "set_list_sequence", None)
         if set_sequence is not None:
-            set_sequence(sequence)
-        return parts
+            set_sequence(extras.list_sequence)
+        return extras
 
     async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: int) -> str:
         """Drain, then write this operator's part of checkpoint `checkpoint_id` under
         `directory`; returns the checkpoint's path (the same for every operator)."""
         self._ready()
         path = checkpoint_path(directory, checkpoint_id)
+        store = checkpoint_store(self.backend, path)
         await self.drain()
         # No await between the drain and the write: the part holds no half-done record.
         extra: dict[str, Any] = {
             "operator_state": self.runtime_context.operator_state_snapshot()}
-        list_sequence = getattr(self.backend, "list_sequence", None)
+        list_sequence = getattr(store, "list_sequence", None)
         if list_sequence is not None:
             extra["list_sequence"] = list_sequence()
-        write_snapshot(self.backend, path, parallelism=self.parallelism,  # type: ignore[arg-type]
+        write_snapshot(store, path, parallelism=self.parallelism,
                        operator_index=self.operator_index,
                        max_parallelism=self.config.max_parallelism, extra=extra)
         return path

@@ -96,6 +96,12 @@ class SimulatedRemoteBackend:
     def register_state(self, name: str, kind: StateKind) -> Any:
         return self.inner.register_state(name, kind)
 
+    @property
+    def checkpoint_backend(self) -> StateExecutor:
+        """The backend holding the state: checkpoints are written from and restored into
+        `inner` (the operator drains first, so no batch is under way in this wrapper)."""
+        return self.inner
+
     def execute_batch(self, batch: list[StateRequest]) -> None:
         binding = self._binding
         assert binding is not None and binding.loop is not None, "open() the backend first"

@@ -579,6 +579,36 @@ class RocksDBBackend:
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
             raise self._failure(exc) from None
 
+    def discard_state(self) -> list[str]:
+        """Drop every state the directory holds, as a restore does before loading a
+        checkpoint: each state's column family, its stored kind and the list sequence go, so
+        the database is as fresh. Returns the names of the dropped states (empty when there
+        was nothing to drop). Only before the first batch: a backend with batches under way
+        raises InvalidStateError."""
+        db = self._live_db()
+        if self._lane:
+            raise InvalidStateError(
+                f"RocksDBBackend {self._path!r} has batches under way; its state can only be "
+                "discarded before the first one")
+        dropped = sorted(self._handles)
+        if not self._families and self._list_seq == 0 and _scan_is_empty(
+                db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
+            return dropped
+        self._handles.clear()
+        try:
+            for cf_name in sorted(self._families):
+                db.drop_column_family(cf_name)
+            self._families.clear()
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.delete_range(_KIND_PREFIX, _prefix_end(_KIND_PREFIX))
+            wb.delete(_SEQ_KEY)
+            db.write(wb, self._write_options)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise _translate_error(exc, self._path) from None
+        self._list_seq = 0
+        log.info("rocksdb.state_discarded", path=self._path, states=dropped)
+        return dropped
+
     def list_sequence(self) -> int:
         """The next list element sequence number (for checkpoints)."""
         return self._list_seq

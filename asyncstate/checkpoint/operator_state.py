@@ -11,32 +11,63 @@ assigning partition `j` to the consumer with ``j % consumer_count == consumer_in
 - union (`get_union_list_state`): every instance gets the whole concatenation.
 
 Both are pure functions of the old lists, so every new instance computes its share alone.
+
+A restored operator list state that a run never declares is still written into that run's
+checkpoints (`carried_share`), so it survives a run that does not use it, as keyed state
+does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
+
+import msgpack
 
 from asyncstate.checkpoint.reader import Checkpoint
 from asyncstate.config import check_int
 from asyncstate.errors import CheckpointError
 
-__all__ = ["read_operator_extras", "redistribute_even_split", "redistribute_union"]
+__all__ = [
+    "RestoredExtras",
+    "carried_share",
+    "read_operator_extras",
+    "redistribute_even_split",
+    "redistribute_union",
+]
 
 
-def read_operator_extras(checkpoint: Checkpoint) -> tuple[int, dict[str, list[list[Any]]]]:
-    """The list sequence to resume from and each operator list state's old lists.
+@dataclasses.dataclass(frozen=True)
+class RestoredExtras:
+    """What a checkpoint's extra dicts hold for the operator restoring it.
 
-    Reads what `KeyedOperator.snapshot` puts in every part's extra dict: ``list_sequence``
-    (an int >= 0, absent for backends without one) and ``operator_state`` (``{name: {"items":
-    [...], ...}}``). Returns the largest sequence of all parts and, per state name, one list
-    per old part in operator order (empty where a part did not hold the state). An extra dict
-    of another shape raises CheckpointError naming the part's data file.
+    `list_sequence`: the largest list sequence of all parts (0 when none has one).
+    `operator_parts`: per operator list state, one list of element bytes per old part, in
+    operator order (empty where a part did not hold the state). `operator_modes`: the
+    redistribution mode (``"split"`` or ``"union"``) each state was last written with.
+    `states`: the checkpoint's keyed state kinds by name, and `path` the checkpoint's path.
+    """
+
+    path: str
+    list_sequence: int
+    operator_parts: dict[str, list[list[bytes]]]
+    operator_modes: dict[str, str]
+    states: dict[str, str]
+
+
+def read_operator_extras(checkpoint: Checkpoint) -> RestoredExtras:
+    """Read and check what `KeyedOperator.snapshot` puts in every part's extra dict:
+    ``list_sequence`` (an int >= 0, absent for backends without one) and ``operator_state``
+    (``{name: {"mode": "split" | "union", "items": [msgpack bytes of one element, ...]}}``).
+
+    An extra dict of another shape, or an element that is not the msgpack bytes of exactly
+    one value, raises CheckpointError naming the part's data file.
     """
     sequence = 0
-    parts: dict[str, list[list[Any]]] = {}
+    parts: dict[str, list[list[bytes]]] = {}
+    modes: dict[str, str] = {}
     count = len(checkpoint.parts)
     for i, part in enumerate(checkpoint.parts):
         extra = part.extra
@@ -56,8 +87,45 @@ def read_operator_extras(checkpoint: Checkpoint) -> tuple[int, dict[str, list[li
             items = entry.get("items") if isinstance(entry, dict) else None
             if type(name) is not str or not isinstance(items, list):
                 raise bad(f"operator state {name!r} without a list of items:", entry)
+            mode = entry.get("mode", "split")
+            if mode not in ("split", "union"):
+                raise bad(f"operator state {name!r} with an unknown mode", mode)
+            for j, item in enumerate(items):
+                if not _one_value(item):
+                    raise bad(f"operator state {name!r} whose element {j} is not the msgpack "
+                              "bytes of one value:", item)
             parts.setdefault(name, [[] for _ in range(count)])[i] = items
-    return sequence, parts
+            modes.setdefault(name, mode)
+    return RestoredExtras(checkpoint.path, sequence, parts, modes, dict(checkpoint.states))
+
+
+def _one_value(item: object) -> bool:
+    if type(item) is not bytes:
+        return False
+    try:
+        msgpack.unpackb(item, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return False
+    return True
+
+
+def carried_share(parts: Sequence[Sequence[bytes]], new_parallelism: int,
+                  index: int) -> list[bytes]:
+    """Instance `index`'s share of a restored operator list state that this run never
+    declared, to write into its next checkpoint so that the state is carried unchanged.
+
+    With unchanged parallelism each instance writes back its own old list; otherwise the
+    concatenation of the old lists is cut into `new_parallelism` contiguous slices. Either
+    way the next checkpoint's parts concatenate to the same elements in the same order, so
+    restoring it (split or union, at any parallelism) gives what restoring the old one would.
+    """
+    _check(new_parallelism, index)
+    if len(parts) == new_parallelism:
+        return list(parts[index])
+    joined = list(itertools.chain.from_iterable(parts))
+    q, r = divmod(len(joined), new_parallelism)
+    start = index * q + min(index, r)
+    return joined[start:start + q + (index < r)]
 
 
 def _check(new_parallelism: int, index: int) -> None:

@@ -21,7 +21,7 @@ import gc
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import msgpack
 
@@ -40,6 +40,7 @@ from asyncstate.runtime.requests import StateKind
 __all__ = [
     "SECTION_STATE_ENTRIES",
     "SnapshotBackend",
+    "checkpoint_store",
     "restore_snapshot",
     "write_snapshot",
 ]
@@ -69,6 +70,26 @@ class SnapshotBackend(Protocol):
 
     def restore_key_group(self, key_group: int, entries: Iterable[Sequence[Any]]) -> None:
         """Store the state entries of one key group."""
+
+
+def checkpoint_store(backend: object, path: str) -> SnapshotBackend:
+    """The backend that holds `backend`'s state for checkpoints: `backend` itself, or what
+    its ``checkpoint_backend`` attribute names (a wrapper such as SimulatedRemoteBackend
+    names the backend it wraps). Raises CheckpointError, naming the checkpoint at `path`, for
+    a backend that cannot take part in checkpoints."""
+    store = backend
+    for _ in range(16):  # wrappers of wrappers, never a cycle
+        inner = getattr(store, "checkpoint_backend", None)
+        if inner is None:
+            break
+        store = inner
+    missing = [m for m in ("registered_states", "register_state", "snapshot_key_group",
+                           "restore_key_group") if not callable(getattr(store, m, None))]
+    if missing:
+        raise CheckpointError(
+            f"{type(backend).__name__} cannot take part in checkpoint {path!r}: it has no "
+            f"{', '.join(missing)} (see SnapshotBackend)", path=path)
+    return cast(SnapshotBackend, store)
 
 
 @contextlib.contextmanager

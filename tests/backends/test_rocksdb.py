@@ -549,6 +549,33 @@ def test_register_state_with_another_kind_raises_value_error(rocks):
         rocks.register_state("s", StateKind.VALUE)
 
 
+def test_discard_state_leaves_a_fresh_database_that_stays_fresh_on_reopen(tmp_path):
+    path = tmp_path / "db"
+    key = canonical_key("k")
+    with RocksDBBackend(path) as backend:
+        assert backend.discard_state() == []  # a fresh database: nothing to drop
+        backend.register_state("v", StateKind.VALUE)
+        backend.register_state("l", StateKind.LIST)
+        kg = 3
+        backend.restore_key_group(kg, [["v", key, b"\xc0", msgpack.packb(7)],
+                                       ["l", key, b"\xc0", [msgpack.packb(1), msgpack.packb(2)]]])
+        backend.set_list_sequence(50)
+        assert backend.list_sequence() == 50
+        assert backend.discard_state() == ["l", "v"]
+        assert backend.registered_states() == {} and backend.list_sequence() == 0
+        assert list(backend.snapshot_key_group(kg)) == []
+        # A name comes back with any kind, empty.
+        backend.register_state("v", StateKind.MAP)
+        assert list(backend.snapshot_key_group(kg)) == []
+    with RocksDBBackend(path) as backend:  # the drop is durable
+        assert backend.registered_states() == {"v": StateKind.MAP}
+        assert backend.list_sequence() == 0
+        assert list(backend.snapshot_key_group(3)) == []
+        assert backend.discard_state() == ["v"]
+    with RocksDBBackend(path) as backend:
+        assert backend.registered_states() == {}
+
+
 def test_options_are_validated_and_converted(tmp_path):
     with pytest.raises(ConfigError, match=r"^bloom_filter_bits must be in \[0, 64\], got -1$"):
         RocksDBOptions(bloom_filter_bits=-1)
