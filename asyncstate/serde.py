@@ -56,21 +56,25 @@ def _describe(what: str, state_name: str | None) -> str:
 
 
 def _check_key_parts(key: object, what: str, state_name: str | None) -> None:
-    tp = type(key)
-    if tp is list or tp is tuple:
-        for item in key:  # type: ignore[attr-defined]
-            _check_key_parts(item, what, state_name)
-        return
-    if tp not in _KEY_SCALARS:
-        hint = " (dicts are not allowed in keys)" if isinstance(key, dict) else ""
-        raise SerializationError(
-            f"{_describe(what, state_name)} must be None, bool, int, float, str, bytes or a "
-            f"list/tuple of those, got {tp.__name__}{hint}",
-            state_name=state_name, type_name=tp.__name__)
-    if tp is int and not (_INT_MIN <= key < _INT_END):  # type: ignore[operator]
-        raise SerializationError(
-            f"{_describe(what, state_name)} is an int outside [-2**63, 2**64): {key!r}",
-            state_name=state_name, type_name="int")
+    # A walk with its own stack, not recursion: a key nested deeper than the interpreter's
+    # recursion limit gets msgpack's own nesting error (a SerializationError), not a crash.
+    stack: list[object] = [key]
+    while stack:
+        part = stack.pop()
+        tp = type(part)
+        if tp is list or tp is tuple:
+            stack.extend(reversed(part))  # type: ignore[call-overload]
+            continue
+        if tp not in _KEY_SCALARS:
+            hint = " (dicts are not allowed in keys)" if isinstance(part, dict) else ""
+            raise SerializationError(
+                f"{_describe(what, state_name)} must be None, bool, int, float, str, bytes or "
+                f"a list/tuple of those, got {tp.__name__}{hint}",
+                state_name=state_name, type_name=tp.__name__)
+        if tp is int and not (_INT_MIN <= part < _INT_END):  # type: ignore[operator]
+            raise SerializationError(
+                f"{_describe(what, state_name)} is an int outside [-2**63, 2**64): {part!r}",
+                state_name=state_name, type_name="int")
 
 
 def canonical_key(key: object, what: str = "key", state_name: str | None = None) -> bytes:

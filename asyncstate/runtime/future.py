@@ -63,6 +63,7 @@ _COMPOSE: Final = 2  # target <- result of the future fn(value) returns
 _FORWARD: Final = 3  # target <- this future's outcome
 _CALL: Final = 4  # fn(future) (internal hooks: coroutine driver, combine_all, record end)
 _ASYNCIO: Final = 5  # loop.call_soon(fn, future, context=target[1]) with target = (loop, context)
+_SETTLED: Final = 6  # fn(), without counting as looking at a failure (internal ordering gates)
 
 _get_running_loop: Final = asyncio.get_running_loop
 
@@ -153,6 +154,14 @@ class StateFuture(Generic[T]):
                 self._observed = True
             fn(self)
             return
+        if kind == _SETTLED:
+            # `_fail` skipped noting the failure because this callback exists; note it here,
+            # so that it still fails the run unless someone else looks at it.
+            ctx = self._ctx
+            if self._state == _FAILED and ctx is not None:
+                ctx.note_failure(self)
+            fn()
+            return
         # Every other kind completes a StateFuture: typed, a compiled build calls it directly.
         chained: StateFuture[Any] = target
         if self._state == _FAILED:
@@ -199,6 +208,15 @@ class StateFuture(Generic[T]):
             self._more = [(kind, fn, target)]
         else:
             self._more.append((kind, fn, target))
+
+    def _add_settled_hook(self, fn: Callable[[], None]) -> None:
+        """Run fn() once done, whatever the outcome, without counting as looking at a
+        failure: an unobserved failure still fails the run (internal use). Inline when
+        already done."""
+        if self._state == _PENDING:
+            self._add(_SETTLED, fn, None)
+        else:
+            fn()
 
     def _add_hook(self, fn: Callable[[StateFuture[T]], None]) -> None:
         """Run fn(self) once done: inline when already done (internal use)."""

@@ -1,8 +1,10 @@
 """ReducingState and AggregatingState: read-modify-write states.
 
-`add(v)` reads the stored value, folds `v` in and writes the result back. Calls of one
-record on one such state run one after another (a later `add` or `get` waits for a pending
-`add`), so adds issued without awaiting are never lost and `get` sees them.
+`add(v)` reads the stored value, folds `v` (as it was at the call) in and writes the result
+back. Calls of one record on one such state run one after another (a later `add`, `clear` or
+`get` waits for a pending `add` or `clear`, whether that one succeeds or fails), so adds
+issued without awaiting are never lost and `get` sees them; a failing add fails only its own
+future.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from asyncstate.errors import SerializationError
 from asyncstate.runtime.future import StateFuture
 from asyncstate.runtime.requests import StateRequestType
-from asyncstate.serde import to_stored
+from asyncstate.serde import from_stored, to_stored
 from asyncstate.state.base import InternalState
 
 if TYPE_CHECKING:
@@ -39,13 +42,14 @@ class _MergingState(InternalState):
 
     def _serialized(self, ctx: RecordContext,
                     step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[Any]:
-        """Run step(namespace) after this record's pending add on this state, if any."""
+        """Run step(namespace) once this record's pending add or clear on this state, if any,
+        has finished, whether it succeeded or failed."""
         ns = self._controller.namespace_of(ctx, self)
         serial = ctx.serial
-        prev = None if serial is None else serial.get(self)
-        if prev is None or prev.done():
+        gate = None if serial is None else serial.get(self)
+        if gate is None or gate.done():
             return step(ns)
-        return prev.then_compose(lambda _: step(ns))
+        return gate.then_compose(lambda _: step(ns))
 
     def _read(self, ctx: RecordContext, ns: bytes) -> StateFuture[Any]:
         return self._controller.handle_request(self, self._get_type, None, ctx, ns)
@@ -54,9 +58,13 @@ class _MergingState(InternalState):
                           step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[None]:
         fut = self._serialized(ctx, step)
         if not fut.done():
+            # Later calls wait on a gate that opens when `fut` settles, never fails, and
+            # leaves a failure of `fut` to whoever looks at it (else it fails the run).
+            gate: StateFuture[None] = StateFuture(ctx)
+            fut._add_settled_hook(lambda: gate._complete(None))
             if ctx.serial is None:
                 ctx.serial = {}
-            ctx.serial[self] = fut
+            ctx.serial[self] = gate
         return fut
 
     def _add_with(self, fold: Callable[[Any], Any]) -> StateFuture[None]:
@@ -97,10 +105,14 @@ class ReducingState(_MergingState, Generic[T]):
         return self._serialized(ctx, lambda ns: self._read(ctx, ns))
 
     def add(self, value: T) -> StateFuture[None]:
-        """Fold `value` into the stored value."""
-        to_stored(value, self.name)  # reject unencodable input at the call
+        """Fold `value`, as it is at the call, into the stored value."""
+        stored = to_stored(value, self.name)  # rejects unencodable input at the call
         reduce = self._reduce
-        return self._add_with(lambda old: value if old is None else reduce(old, value))
+
+        def fold(old: Any) -> Any:
+            added = from_stored(stored)  # a copy: later changes to `value` do not count
+            return added if old is None else reduce(old, added)
+        return self._add_with(fold)
 
 
 class AggregatingState(_MergingState, Generic[IN, OUT]):
@@ -123,7 +135,17 @@ class AggregatingState(_MergingState, Generic[IN, OUT]):
             lambda acc: None if acc is None else agg.get_result(acc))
 
     def add(self, value: IN) -> StateFuture[None]:
-        """Add `value` to the accumulator."""
+        """Add `value`, as it is at the call, to the accumulator. An input msgpack can
+        encode is copied at the call; any other input is passed to the aggregate function
+        as it is when the add runs (inputs are not stored, so they need not be encodable)."""
         agg = self._agg
-        return self._add_with(
-            lambda acc: agg.add(value, agg.create_accumulator() if acc is None else acc))
+        try:
+            stored: Any = to_stored(value, self.name)
+            copied = True
+        except SerializationError:
+            stored, copied = None, False
+
+        def fold(acc: Any) -> Any:
+            added = from_stored(stored) if copied else value
+            return agg.add(added, agg.create_accumulator() if acc is None else acc)
+        return self._add_with(fold)
