@@ -34,7 +34,7 @@ from asyncstate.keygroups import (
 )
 from asyncstate.log import get_logger
 from asyncstate.runtime import gc_threshold
-from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.context import RecordContext, current_context
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
 from asyncstate.runtime.future import _DONE, StateFuture
@@ -101,7 +101,9 @@ class KeyedOperator:
         self.restore_from: str | None = None if restore_from is None \
             else os.fspath(restore_from)
         self._key_selector = key_selector
-        self._timestamp_selector = timestamp_selector
+        # Typed to return object: a compiled build would otherwise check the result against
+        # `int | None` itself (and turn a bool into an int) before `_check_timestamp` runs.
+        self._timestamp_selector: Callable[[Any], object] | None = timestamp_selector
         self._controller: AsyncExecutionController | None = None
         self._driver: UserCodeDriver | None = None
         self._base_vars: contextvars.Context | None = None
@@ -222,7 +224,7 @@ class KeyedOperator:
     async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: int) -> str:
         """Drain, then write this operator's part of checkpoint `checkpoint_id` under
         `directory`; returns the checkpoint's path (the same for every operator)."""
-        self._ready()
+        self._ready_to_wait("snapshot()")
         path = checkpoint_path(directory, checkpoint_id)
         store = checkpoint_store(self.backend, path)
         await self.drain()
@@ -248,11 +250,11 @@ class KeyedOperator:
         key_group = _murmur3(key_bytes, 0, False) % self._max_parallelism
         if not (self._kg_start <= key_group <= self._kg_end):
             raise self._foreign_key(key, key_group)
-        ts = None
+        ts: int | None = None
         if self._timestamp_selector is not None:
-            ts = self._timestamp_selector(record)
-            if ts is not None:
-                _check_timestamp("timestamp", ts)
+            selected = self._timestamp_selector(record)
+            if selected is not None:
+                ts = _check_timestamp("timestamp", selected)
         ctx = RecordContext(record, key, key_bytes, key_group, self._dispose_fn, ts)
         ctx._owner = self
         return ctx
@@ -272,7 +274,9 @@ class KeyedOperator:
         """
         controller = self._ready()
         ctx = self._prepare(record)
-        if self._queued + controller._in_flight >= self.config.max_in_flight:
+        limit = self.config.max_in_flight
+        # A loop: producers woken together re-check, so only as many as fit are admitted.
+        while self._queued + controller._in_flight >= limit:
             await self._wait_capacity(controller)
         self._admit(controller, ctx)
 
@@ -356,14 +360,26 @@ class KeyedOperator:
 
     # -- progress --------------------------------------------------------------------------
 
+    def _ready_to_wait(self, call: str) -> AsyncExecutionController:
+        """`_ready()`, for a call that waits for records to finish: from inside one of this
+        operator's records it would wait for that record itself, so it raises instead."""
+        controller = self._ready()
+        ctx = current_context()
+        if ctx is not None and ctx._owner is self and not ctx.finished:
+            raise InvalidStateError(
+                f"{call} called from inside a record of this operator (key {ctx.key!r}): it "
+                "waits for every earlier record to finish, this one included, so it would "
+                "never return; call it from the code that feeds the operator")
+        return controller
+
     async def drain(self) -> None:
         """Wait until no record is in flight (partial batches are sent at once)."""
-        controller = self._ready()
+        controller = self._ready_to_wait("drain()")
         await controller.wait_until(lambda: self._queued == 0 and controller._in_flight == 0)
 
     async def advance_watermark(self, timestamp: int) -> None:
         """Advance event time; returns after every earlier record has finished."""
-        controller = self._ready()
+        controller = self._ready_to_wait("advance_watermark()")
         _check_timestamp("watermark", timestamp)
         done = [False]
         self._post_event(self._on_watermark, (timestamp, done))
@@ -384,7 +400,7 @@ class KeyedOperator:
 
     async def advance_processing_time(self, timestamp: int) -> None:
         """Set the ManualClock to `timestamp`; returns after every earlier record finished."""
-        controller = self._ready()
+        controller = self._ready_to_wait("advance_processing_time()")
         if not isinstance(self.clock, ManualClock):
             raise InvalidStateError(
                 "advance_processing_time() needs the operator to run on an ast.ManualClock "
@@ -466,7 +482,7 @@ async def _run(operator: KeyedOperator, records: Iterable[Any]) -> list[Any]:
             if controller._failure is not None:
                 raise controller._failure
             ctx = prepare(record)
-            if operator._queued + controller._in_flight >= limit:
+            while operator._queued + controller._in_flight >= limit:
                 await operator._wait_capacity(controller)
             admit(controller, ctx)
         await operator.drain()

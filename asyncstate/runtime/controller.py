@@ -247,9 +247,10 @@ class AsyncExecutionController:
                 if ctx.ref_count == 0:
                     self._dispose(ctx)
                 return
-        # The sync-point future holds a reference while its hook runs.
+        # The sync-point future holds a reference while its hook runs. It fails only when
+        # the controller closes first: then the record never starts.
         fut: StateFuture[Any] = StateFuture(ctx)
-        fut._add_hook(lambda _: _enter_and_run(ctx, run))
+        fut._add_hook(lambda f: _enter_and_run(ctx, run) if f._state == _DONE else None)
         self._admit(StateRequest(None, _SYNC_POINT, None, NONE_BYTES, ctx, fut), allow_overdraft)
 
     def set_namespace(self, state: Any, namespace: Any) -> None:
