@@ -55,6 +55,7 @@ from asyncstate.state.list import ListState as ListState
 from asyncstate.state.map import MapState as MapState
 from asyncstate.state.merging import AggregatingState as AggregatingState
 from asyncstate.state.merging import ReducingState as ReducingState
+from asyncstate.state.operator_state import OperatorListState as OperatorListState
 from asyncstate.state.value import ValueState as ValueState
 
 if _TYPE_CHECKING:
@@ -100,6 +101,7 @@ __all__ = [
     "ManualClock",
     "MapState",
     "MapStateDescriptor",
+    "OperatorListState",
     "RecordContext",
     "ReducingState",
     "ReducingStateDescriptor",

@@ -44,10 +44,10 @@ class RecordContext:
     while the key is held disposes the context through the controller.
     """
 
-    __slots__ = ("_disposer", "_owner", "blocked", "entered", "epoch", "failures", "finished",
-                 "in_flight", "key", "key_bytes", "key_group", "key_occupied", "namespaces",
-                 "priority", "record", "ref_count", "serial", "storage_key", "time_domain",
-                 "timestamp", "vars")
+    __slots__ = ("_disposer", "_owner", "_timestamp", "blocked", "entered", "epoch",
+                 "failures", "finished", "in_flight", "key", "key_bytes", "key_group",
+                 "key_occupied", "namespaces", "priority", "record", "ref_count", "serial",
+                 "storage_key", "time_domain", "vars")
 
     def __init__(self, record: Any, key: Any, key_bytes: bytes, key_group: int,
                  disposer: Callable[[RecordContext], None] | None,
@@ -72,7 +72,7 @@ class RecordContext:
         # A byte-keyed backend's storage key for this key in the default namespace, built by
         # the record's first request and shared by the rest (see RocksDBBackend).
         self.storage_key: bytes | None = None
-        self.timestamp = timestamp
+        self._timestamp = timestamp
         self.time_domain: Any = None
         self.priority = priority
         self._disposer = disposer
@@ -150,6 +150,13 @@ class RecordContext:
         if self.finished:
             self._check()
         return self.key
+
+    @property
+    def timestamp(self) -> int | None:
+        """The record's event time in milliseconds, or None."""
+        if self.finished:
+            self._check()
+        return self._timestamp
 
     def emit(self, value: Any) -> None:
         """Emit an output value."""

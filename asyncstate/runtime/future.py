@@ -339,9 +339,9 @@ class StateFuture(Generic[T]):
     def then_conditionally_compose(
         self, condition: Callable[[T], bool], if_true: Callable[[T], StateFuture[U]],
         if_false: Callable[[T], StateFuture[V]] | None = None,
-    ) -> StateFuture[tuple[bool, Any]]:
+    ) -> StateFuture[tuple[bool, U | V | None]]:
         """A future of (condition(result), result of the chosen branch's future or None)."""
-        def compose(value: T) -> StateFuture[tuple[bool, Any]]:
+        def compose(value: T) -> StateFuture[tuple[bool, U | V | None]]:
             if condition(value):
                 branch: Callable[[T], object] = if_true  # checked below, naming branch
                 flag = True
@@ -444,7 +444,7 @@ def completed_void_future() -> StateFuture[None]:
     return _VOID
 
 
-def combine_all(futures: Iterable[StateFuture[Any]]) -> StateFuture[list[Any]]:
+def combine_all(futures: Iterable[StateFuture[T]]) -> StateFuture[list[T]]:
     """A future of the list of results, in input order; fails with the first failure."""
     items = list(futures)
     for f in items:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from asyncstate.errors import ConfigError
 from asyncstate.runtime.requests import StateKind
@@ -21,6 +21,8 @@ __all__ = [
 IN = TypeVar("IN")
 ACC = TypeVar("ACC")
 OUT = TypeVar("OUT")
+IN_contra = TypeVar("IN_contra", contravariant=True)
+OUT_co = TypeVar("OUT_co", covariant=True)
 
 
 class AggregateFunction(Generic[IN, ACC, OUT]):
@@ -43,6 +45,19 @@ class AggregateFunction(Generic[IN, ACC, OUT]):
     def merge(self, a: ACC, b: ACC) -> ACC:
         """Merge two accumulators."""
         raise NotImplementedError(f"{type(self).__name__} must implement merge()")
+
+
+class AggregateFunctionLike(Protocol[IN_contra, ACC, OUT_co]):
+    """What an AggregatingStateDescriptor needs: the methods of `AggregateFunction`, which
+    any object may provide without subclassing it."""
+
+    def create_accumulator(self) -> ACC: ...
+
+    def add(self, value: IN_contra, accumulator: ACC, /) -> ACC: ...
+
+    def get_result(self, accumulator: ACC, /) -> OUT_co: ...
+
+    def merge(self, a: ACC, b: ACC, /) -> ACC: ...
 
 
 class StateDescriptor:
@@ -104,7 +119,7 @@ class AggregatingStateDescriptor(StateDescriptor):
 
     kind = StateKind.AGGREGATING
 
-    def __init__(self, name: str, aggregate_function: AggregateFunction[Any, Any, Any], *,
+    def __init__(self, name: str, aggregate_function: AggregateFunctionLike[Any, Any, Any], *,
                  ttl: Any = None) -> None:
         for method in ("create_accumulator", "add", "get_result"):
             if not callable(getattr(aggregate_function, method, None)):
