@@ -45,6 +45,7 @@ _INT_END: Final = 2**64
 _KEY_SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes})
 _VALUE_SCALARS: Final = _KEY_SCALARS
 _unpackb: Final = msgpack.unpackb
+_StackError: Final = msgpack.StackError
 # One reusable Packer (4x cheaper than msgpack.packb per call). Packing exact builtin types
 # with no `default` hook never calls back into Python, so each call holds the GIL from start
 # to end and the shared buffer cannot be interleaved by another thread.
@@ -156,14 +157,29 @@ def decode_value(data: bytes) -> Any:
         # A map key that is an array cannot be a list (unhashable): decode arrays as tuples,
         # then turn every array that is not a map key back into a list.
         return _lists(_unpackb(data, raw=False, strict_map_key=False, use_list=False))
+    except _StackError:
+        # msgpack packs an empty container one level deeper than it reads back.
+        raise SerializationError(
+            "a stored value cannot be read back: it is nested more than 1024 levels deep, "
+            "the most msgpack decodes", type_name="bytes") from None
 
 
 def _lists(obj: Any) -> Any:
-    if type(obj) is tuple:
-        return [_lists(x) for x in obj]
-    if type(obj) is dict:
-        return {k: _lists(v) for k, v in obj.items()}
-    return obj
+    """`obj` with every tuple that is not a dict key turned into a list. The containers are
+    fresh from the decoder, so dicts are updated in place; an explicit stack, not recursion,
+    walks values as deep as msgpack nests them."""
+    holder: list[Any] = [obj]
+    stack: list[tuple[Any, Any]] = [(holder, 0)]
+    while stack:
+        parent, slot = stack.pop()
+        item = parent[slot]
+        if type(item) is tuple:
+            items = list(item)
+            parent[slot] = items
+            stack.extend([(items, i) for i in range(len(items))])
+        elif type(item) is dict:
+            stack.extend([(item, k) for k in item])
+    return holder[0]
 
 
 _I64 = struct.Struct(">Q")

@@ -71,7 +71,7 @@ class StateIterator(Generic[T]):
                 return _gather(results)
             nxt = it._load_next()
             if not nxt.done():
-                return nxt.then_compose(lambda more: more._walk(fn, results, keep_all))
+                return _walk_async(nxt, fn, results, keep_all)
             it = nxt.result()
 
     def __aiter__(self) -> AsyncIterator[T]:
@@ -85,6 +85,39 @@ class StateIterator(Generic[T]):
             if it._continuation is None:
                 return
             it = await it._load_next()
+
+
+def _walk_async(pending: StateFuture[StateIterator[Any]], fn: Callable[[Any], Any] | None,
+                results: list[Any], keep_all: bool) -> StateFuture[list[Any]]:
+    """The rest of `_walk` from a chunk still loading: one result future, completed once at
+    the end, and a hook per chunk that loads later. Chaining one future per chunk instead
+    would complete them all recursively at the end, one stack frame per chunk."""
+    done: StateFuture[list[Any]] = StateFuture(pending._ctx)
+
+    def resume(loaded: StateFuture[StateIterator[Any]]) -> None:
+        try:
+            it = loaded.result()
+            while True:
+                if fn is None:
+                    results.extend(it._items)
+                else:
+                    for item in it._items:
+                        r = fn(item)
+                        if r is not None or keep_all:
+                            results.append(r)
+                if it._continuation is None:
+                    _gather(results)._forward_to(done)
+                    return
+                nxt = it._load_next()
+                if not nxt.done():
+                    nxt._add_hook(resume)
+                    return
+                it = nxt.result()
+        except Exception as exc:  # noqa: BLE001 - a load or callback failure fails the walk
+            done._fail(exc)
+
+    pending._add_hook(resume)
+    return done
 
 
 def _gather(results: list[Any]) -> StateFuture[list[Any]]:
