@@ -168,6 +168,7 @@ class RocksDBBackend:
         self._kg_prefix: list[bytes] = []
         self._lane: deque[_Job] = deque()
         self._parts_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._parts_in_pool = 0  # multi-get parts submitted and not finished
         self._reading = 0  # jobs whose multi-get is waiting or running
         self._pumping = False
@@ -303,7 +304,12 @@ class RocksDBBackend:
     def close(self) -> None:
         """Wait for running multi-gets, abandon pending batches and release the directory.
         Calling it again does nothing once it has completed. If it was interrupted (say, by
-        a timeout), calling it again finishes closing the database."""
+        a timeout), calling it again finishes closing the database. Callers in several
+        threads close it once, one after another."""
+        with self._close_lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._db is None:
             return
         self._closed = True
@@ -496,6 +502,7 @@ class RocksDBBackend:
     def registered_states(self) -> dict[str, StateKind]:
         """Name and kind of every state known to the database (registered, or stored by an
         earlier run in this directory)."""
+        self._live_db()
         return {name: handle.kind for name, handle in sorted(self._handles.items())}
 
     def snapshot_key_group(self, key_group: int) -> Iterator[tuple[str, bytes, bytes, Any]]:

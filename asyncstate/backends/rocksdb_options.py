@@ -28,6 +28,7 @@ DEFAULT_WRITE_BUFFER_BYTES = 64 * 1024 * 1024
 # RocksDB's own choice for point lookups (ColumnFamilyOptions::OptimizeForPointLookup).
 DEFAULT_MEMTABLE_BLOOM_RATIO = 0.02
 _MIN_WRITE_BUFFER_BYTES = 64 * 1024
+_MAX_BYTES = 2**63 - 1
 _MAX_MEMTABLE_BLOOM_RATIO = 0.25  # RocksDB clamps larger ratios to this
 
 _caches: dict[int, rocksdict.Cache] = {}
@@ -71,9 +72,11 @@ class RocksDBOptions:
     disable_wal: bool = True
 
     def __post_init__(self) -> None:
-        check_int("block_cache_bytes", self.block_cache_bytes, 0)
+        # RocksDB takes sizes as 64-bit integers.
+        check_int("block_cache_bytes", self.block_cache_bytes, 0, _MAX_BYTES)
         check_int("bloom_filter_bits", self.bloom_filter_bits, 0, 64)
-        check_int("write_buffer_bytes", self.write_buffer_bytes, _MIN_WRITE_BUFFER_BYTES)
+        check_int("write_buffer_bytes", self.write_buffer_bytes, _MIN_WRITE_BUFFER_BYTES,
+                  _MAX_BYTES)
         ratio = self.memtable_bloom_ratio
         if type(ratio) not in (int, float) or not 0 <= ratio <= _MAX_MEMTABLE_BLOOM_RATIO:
             raise ConfigError("memtable_bloom_ratio", ratio,

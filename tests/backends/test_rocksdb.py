@@ -579,7 +579,8 @@ def test_discard_state_leaves_a_fresh_database_that_stays_fresh_on_reopen(tmp_pa
 def test_options_are_validated_and_converted(tmp_path):
     with pytest.raises(ConfigError, match=r"^bloom_filter_bits must be in \[0, 64\], got -1$"):
         RocksDBOptions(bloom_filter_bits=-1)
-    with pytest.raises(ConfigError, match=r"^write_buffer_bytes must be >= 65536, got 10$"):
+    with pytest.raises(ConfigError, match=r"^write_buffer_bytes must be in \[65536, "
+                                          r"9223372036854775807\], got 10$"):
         RocksDBOptions(write_buffer_bytes=10)
     with pytest.raises(ConfigError, match=r"^disable_wal must be a bool, got 'yes'$"):
         RocksDBOptions(disable_wal="yes")  # type: ignore[arg-type]

@@ -553,11 +553,6 @@ def test_every_checkpoint_method_refuses_a_closed_backend(tmp_path):
         backend.set_list_sequence(5)
 
 
-@pytest.mark.xfail(strict=True, reason="close() is not safe against a concurrent close(): "
-                                       "both callers pass the `_db is None` check, and the "
-                                       "second Rdict.close() fails with rocksdict's 'Already "
-                                       "borrowed', raised as BackendError('RocksDB failed "
-                                       "on ...') (rocksdb.py:307-321, no lock)")
 def test_two_threads_closing_at_once_both_return_quietly(tmp_path):
     failures: list[BaseException] = []
     for attempt in range(10):
@@ -583,9 +578,6 @@ def test_two_threads_closing_at_once_both_return_quietly(tmp_path):
     assert failures == []
 
 
-@pytest.mark.xfail(strict=True, reason="registered_states() of a closed backend returns {} "
-                                       "(close() clears the handles) instead of raising the "
-                                       "'is closed' InvalidStateError its siblings raise")
 def test_registered_states_of_a_closed_backend_raises(tmp_path):
     path = tmp_path / "db"
     backend = RocksDBBackend(path)
@@ -702,11 +694,6 @@ def test_bad_backend_arguments_raise_config_error_and_create_nothing(tmp_path, a
     assert not (tmp_path / "db").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="RocksDBOptions accepts sizes beyond 64 bits; the "
-                                       "backend then fails with a bare OverflowError ('int "
-                                       "too big to convert') naming no option, instead of "
-                                       "a ConfigError at construction (rocksdb_options.py:"
-                                       "74 and 76 check no upper bound)")
 @pytest.mark.parametrize("field", ["block_cache_bytes", "write_buffer_bytes"])
 def test_sizes_beyond_64_bits_raise_config_error(tmp_path, field):
     with pytest.raises(ConfigError) as info:
