@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -48,6 +49,17 @@ log = get_logger("asyncstate.operator")
 
 MIN_WATERMARK = -(2**63)
 MAX_WATERMARK = 2**63 - 1
+
+
+# Functions opened by a running operator, by id: a function's states are bound to the
+# operator that opened it, so a second operator must not open it meanwhile.
+_LIVE_FUNCTIONS: Final[dict[int, KeyedOperator]] = {}
+
+
+async def _settle(result: object) -> None:
+    """Await what open() or close() returned when it is awaitable (an `async def`)."""
+    if inspect.isawaitable(result):
+        await result
 
 
 def _check_timestamp(what: str, ts: object) -> int:
@@ -125,6 +137,7 @@ class KeyedOperator:
         self._max_parallelism = config.max_parallelism
         self._kg_start = self.key_group_range.start
         self._kg_end = self.key_group_range.end
+        self._function_opened = False
 
     def __repr__(self) -> str:
         return (f"<KeyedOperator {type(self.function).__name__} {self._state} "
@@ -146,7 +159,7 @@ class KeyedOperator:
             iterator_chunk_size=config.iterator_chunk_size)
         self._controller = controller
         self._dispose_fn = controller._dispose
-        always_task = self.function.needs_task
+        always_task = getattr(self.function, "needs_task", None)  # a duck-typed function too
         if always_task is None:
             always_task = needs_task(self._process_element)
         self._driver = UserCodeDriver(loop, controller.fail, always_task)
@@ -156,43 +169,81 @@ class KeyedOperator:
         if self._gc_threshold is not None:
             gc_threshold.hold(self._gc_threshold)
         try:
+            other = _LIVE_FUNCTIONS.get(id(self.function))
+            if other is not None:
+                raise InvalidStateError(
+                    f"this {type(self.function).__name__} object is already running in "
+                    f"{other!r}: its states are bound to that operator; create one function "
+                    "object per operator")
             restored = self._restore() if self.restore_from is not None else None
             self.runtime_context = RuntimeContext(
                 controller, self.backend, parallelism=self.parallelism,
                 operator_index=self.operator_index, restored=restored)
-            self.function.open(self.runtime_context)
-        except BaseException:
-            self._close()
+            _LIVE_FUNCTIONS[id(self.function)] = self
+            self._function_opened = True  # a failing open() still gets its close(), as in Flink
+            opener = getattr(self.function, "open", None)
+            if opener is not None:
+                await _settle(opener(self.runtime_context))
+        except BaseException as exc:
+            await self._close_after(exc)
             raise
         log.debug("operator.open", function=type(self.function).__name__,
                   index=self.operator_index, parallelism=self.parallelism)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            if exc_type is None:
+        primary: BaseException | None = exc
+        if exc is None:
+            try:
                 await self.drain()
-        finally:
-            self._close()
-        failure = self._controller.failure if self._controller is not None else None
-        if failure is not None and exc_type is None:
-            raise failure
-
-    def _close(self) -> None:
-        if self._state == "closed":
+            except BaseException as drain_exc:  # noqa: BLE001 - the run failure or a cancel
+                primary = drain_exc
+        if primary is None and self._controller is not None:
+            primary = self._controller.failure
+        if primary is None:
+            await self._close_operator()  # a clean exit: a failing close() is the error
             return
+        await self._close_after(primary)
+        if exc is None:
+            raise primary
+
+    async def _close_after(self, primary: BaseException) -> None:
+        """Close while `primary` is the error being raised: a failure of the function's
+        close() (or the backend's) is logged and noted on `primary`, never raised instead."""
+        try:
+            await self._close_operator()
+        except Exception as exc:  # noqa: BLE001 - reported on the primary error
+            log.warning("operator.close_failed", error=repr(exc), while_raising=repr(primary))
+            primary.add_note(f"closing the operator after this error failed too: {exc!r}")
+
+    async def _close_operator(self) -> None:
+        await _settle(self._close())
+
+    def _close(self) -> Any:
+        """Close the controller, the function (if its open() ran) and the backend; returns
+        what the function's close() returned (awaited by the caller when awaitable)."""
+        if self._state == "closed":
+            return None
         opened = self._state == "open"
         self._state = "closed"
+        closed: Any = None
         try:
             if self._driver is not None:
                 self._driver.cancel_all()
             if self._controller is not None:
                 self._controller.close()
-            self.function.close()
+            if self._function_opened:
+                self._function_opened = False
+                if _LIVE_FUNCTIONS.get(id(self.function)) is self:
+                    del _LIVE_FUNCTIONS[id(self.function)]
+                closer = getattr(self.function, "close", None)
+                if closer is not None:
+                    closed = closer()
         finally:
             if opened and self._gc_threshold is not None:
                 gc_threshold.release(self._gc_threshold)
             self.backend.close()
+        return closed
 
     def _ready(self) -> AsyncExecutionController:
         controller = self._controller

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import itertools
 import math
 import os
 import struct
@@ -49,7 +50,7 @@ def same_key(a: Any, b: Any) -> bool:
     seq = (list, tuple)
     if type(a) in seq or type(b) in seq:
         return (type(a) in seq and type(b) in seq and len(a) == len(b)
-                and all(same_key(x, y) for x, y in zip(a, b)))
+                and all(same_key(x, y) for x, y in zip(a, b, strict=True)))
     if type(a) is not type(b):
         return False
     if type(a) is float:
@@ -72,11 +73,11 @@ def strict_eq(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return False
     if type(a) in (list, tuple):
-        return len(a) == len(b) and all(strict_eq(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(strict_eq(x, y) for x, y in zip(a, b, strict=True))
     if type(a) is dict:
         return len(a) == len(b) and all(
             strict_eq(ka, kb) and strict_eq(va, vb)
-            for (ka, va), (kb, vb) in zip(a.items(), b.items()))
+            for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True))
     if type(a) is float:
         return _float_bits(a) == _float_bits(b)
     return bool(a == b)
@@ -197,7 +198,7 @@ def test_canonical_bytes_are_self_delimiting(ks):
     unpacker.feed(b"".join(serde.canonical_key(k) for k in ks))
     got = list(unpacker)
     assert len(got) == len(ks)
-    assert all(strict_eq(g, as_read_back(k)) for g, k in zip(got, ks))
+    assert all(strict_eq(g, as_read_back(k)) for g, k in zip(got, ks, strict=True))
 
 
 @given(k=keys, max_p=st.integers(1, 32768))
@@ -501,8 +502,8 @@ def test_operator_index_of_every_key_group_lies_in_its_range(data):
     max_p = data.draw(st.integers(1, 32768))
     p = data.draw(st.integers(1, max_p))
     groups = (range(max_p) if max_p <= 2000
-              else data.draw(st.lists(st.integers(0, max_p - 1), min_size=1, max_size=50))
-              + [0, max_p - 1])
+              else [*data.draw(st.lists(st.integers(0, max_p - 1), min_size=1, max_size=50)),
+                    0, max_p - 1])
     for g in groups:
         i = compute_operator_index_for_key_group(max_p, p, g)
         assert 0 <= i < p
@@ -538,7 +539,7 @@ def test_flink_formula_reference_partitions_too():
         for p in range(1, max_p + 1):
             spans = [flink_range(max_p, p, i) for i in range(p)]
             assert spans[0][0] == 0 and spans[-1][1] == max_p - 1
-            assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
+            assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(spans))
             for g in range(max_p):
                 i = g * p // max_p  # Flink's computeOperatorIndexForKeyGroup
                 assert spans[i][0] <= g <= spans[i][1]
@@ -684,14 +685,16 @@ def check_ways(out: dict[str, Any], expected: list[Any], tag: str, ordered: bool
     assert out["is_empty"] == (not expected)
     for way in ("to_list", "to_list_again", "async_for", "on_next_calls"):
         assert len(out[way]) == len(expected), way
-        assert all(strict_eq(a, b) for a, b in zip(canon(out[way]), canon(expected))), way
+        assert all(strict_eq(a, b)
+                   for a, b in zip(canon(out[way]), canon(expected), strict=True)), way
     # The three ways that wrap each item see the same order as to_list.
     for way in ("on_next_plain", "on_next_completed", "on_next_state_future"):
         assert [x for _t, x in out[way]] == out["to_list"] or all(
-            strict_eq(a, b) for (_t, a), b in zip(out[way], out["to_list"])), way
+            strict_eq(a, b) for (_t, a), b in zip(out[way], out["to_list"], strict=True)), way
         assert len(out[way]) == len(expected), way
     assert [x for _t, x in out["on_next_some_none"]] == out["to_list"][1::2] or all(
-        strict_eq(a, b) for (_t, a), b in zip(out["on_next_some_none"], out["to_list"][1::2]))
+        strict_eq(a, b)
+        for (_t, a), b in zip(out["on_next_some_none"], out["to_list"][1::2], strict=True))
 
 
 _list_items = st.lists(st.one_of(st.integers(-5, 5), _text, st.lists(st.integers(0, 3),
@@ -735,7 +738,7 @@ def test_every_way_of_consuming_sees_every_item_once(backend_name, chunk, items,
     assert out["map_empty"] == (not model)
     # keys()/values() walk the same order as entries()
     ents = out["entries"]["to_list"]
-    assert all(same_key(a, b) for a, (b, _v) in zip(out["keys"]["to_list"], ents))
+    assert all(same_key(a, b) for a, (b, _v) in zip(out["keys"]["to_list"], ents, strict=True))
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)

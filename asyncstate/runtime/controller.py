@@ -566,6 +566,14 @@ class AsyncExecutionController:
             if not fut.done():
                 fut._observed = True
                 fut._fail(exc)
+        # Calls still waiting in other tasks (a drain, a watermark) end now rather than wait
+        # for records that will never finish.
+        waiters, self._waiters = self._waiters, []
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(self._failure if self._failure is not None else
+                                     InvalidStateError("the operator closed before this call "
+                                                       "returned"))
 
     # -- gauges ----------------------------------------------------------------------------
 

@@ -169,13 +169,14 @@ async def _task_body(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
 class UserCodeDriver:
     """Runs a record's user code and keeps the record in flight until it is done."""
 
-    __slots__ = ("_fail", "_loop", "_tasks", "always_task")
+    __slots__ = ("_closing", "_fail", "_loop", "_tasks", "always_task")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fail: Callable[[BaseException], None],
                  always_task: bool = False) -> None:
         self._loop = loop
         self._fail = fail
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
         self.always_task = always_task
 
     def follow(self, ctx: RecordContext, result: Any, fn: Callable[..., Any]) -> None:
@@ -257,8 +258,9 @@ class UserCodeDriver:
         self._tasks.discard(task)
         try:
             if task.cancelled():
-                self._fail(asyncio.CancelledError(
-                    f"the task running the record with key {ctx.key!r} was cancelled"))
+                if not self._closing:  # cancel_all's own cancellations fail nothing
+                    self._fail(asyncio.CancelledError(
+                        f"the task running the record with key {ctx.key!r} was cancelled"))
             else:
                 exc = task.exception()
                 if exc is not None:
@@ -268,5 +270,6 @@ class UserCodeDriver:
 
     def cancel_all(self) -> None:
         """Cancel the Tasks of records still running (the operator is closing after a failure)."""
+        self._closing = True
         for task in list(self._tasks):
             task.cancel()

@@ -270,8 +270,11 @@ def test_close_after_the_loop_closed_with_reads_still_queued(tmp_path):
     gates: list[threading.Event] = []
 
     async def abandon() -> None:
+        # gc_threshold=None: an operator that is never exited would otherwise hold its
+        # threshold for the rest of the process (and of the test session).
         op = ast.KeyedOperator(Counter(), key_selector=first, backend=backend,
-                               config=ast.AsyncStateConfig(batch_size=4, buffer_timeout_ms=0))
+                               config=ast.AsyncStateConfig(batch_size=4, buffer_timeout_ms=0,
+                                                           gc_threshold=None))
         await op.__aenter__()
         gates.append(occupy_pool(backend, release_after=30))
         for k in range(20):
