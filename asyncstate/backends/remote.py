@@ -24,10 +24,11 @@ __all__ = ["SimulatedRemoteBackend"]
 
 
 class _Call:
-    __slots__ = ("batch", "error", "inner_done", "latency_done", "results")
+    __slots__ = ("batch", "error", "inject", "inner_done", "latency_done", "results")
 
     def __init__(self, batch: list[StateRequest]) -> None:
         self.batch = batch
+        self.inject = False
         self.results: list[Any] | None = None
         self.error: BaseException | None = None
         self.inner_done = False
@@ -106,11 +107,20 @@ class SimulatedRemoteBackend:
         binding = self._binding
         assert binding is not None and binding.loop is not None, "open() the backend first"
         call = _Call(batch)
+        # Drawn here, in trigger order, so that a seed fails the same batches whatever order
+        # the calls finish in.
+        call.inject = self.failure_probability > 0.0 and \
+            self._random.random() < self.failure_probability
         self._calls_in_progress += 1
         # The inner backend applies the batch now, in trigger order; its delivery comes
         # back through _inner_done (inline for the heap backend).
         self._calls[id(batch)] = call
-        self.inner.execute_batch(batch)
+        try:
+            self.inner.execute_batch(batch)
+        except BaseException:
+            self._calls.pop(id(batch), None)  # the call never started: give its slot back
+            self._calls_in_progress -= 1
+            raise
         if self._pool is None:
             binding.loop.call_soon(self._latency_done, call)
         else:
@@ -120,7 +130,12 @@ class SimulatedRemoteBackend:
                     error: BaseException | None) -> None:
         call = self._calls.pop(id(batch), None)
         if call is None or call.batch is not batch:
-            raise InvalidStateError("the inner backend delivered a batch it was not given")
+            if not self._closed and self._binding is not None:
+                # Fails the run: the controller refuses a batch it has not sent.
+                self._binding.deliver(batch, None, InvalidStateError(
+                    "the inner backend delivered a batch it was not given (or delivered one "
+                    "twice)"))
+            return
         call.results = results
         call.error = error
         call.inner_done = True
@@ -150,8 +165,7 @@ class SimulatedRemoteBackend:
             return
         assert self._binding is not None
         error = call.error
-        if error is None and self.failure_probability > 0.0 and \
-                self._random.random() < self.failure_probability:
+        if error is None and call.inject:
             error = InjectedFailure(
                 f"injected failure of a batch of {len(call.batch)} requests "
                 f"(failure_probability={self.failure_probability})")

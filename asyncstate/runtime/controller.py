@@ -352,7 +352,21 @@ class AsyncExecutionController:
         self._in_executor[id(batch)] = batch
         if len(batch) > self.max_batch_size:
             self.max_batch_size = len(batch)
-        self._executor.execute_batch(batch)
+        try:
+            self._executor.execute_batch(batch)
+        except Exception as exc:  # noqa: BLE001 - a broken executor fails the run
+            self._fail_batch(batch, exc)
+
+    def _fail_batch(self, batch: list[StateRequest], exc: BaseException) -> None:
+        """Fail the run with `exc` and every request of `batch` with it."""
+        if self._in_executor.pop(id(batch), None) is not None:
+            self.batches_in_executor -= 1
+        self.fail(exc)
+        for request in batch:
+            fut = request.future
+            if not fut.done():
+                fut._observed = True
+                fut._fail(exc)
 
     def _flush(self) -> None:
         # Send what waits, but while every I/O slot is busy keep a partial batch back: it
@@ -372,19 +386,22 @@ class AsyncExecutionController:
     def _complete_batch(self, outcome: tuple[list[StateRequest], list[Any] | None,
                                              BaseException | None]) -> None:
         batch, results, error = outcome
-        if self._in_executor.pop(id(batch), None) is None:
-            return  # delivered after close: its futures were already failed
-        self.batches_in_executor -= 1
+        if self._in_executor.get(id(batch)) is not batch:
+            if not self._closed:  # after close, its futures were already failed
+                self.fail(error if error is not None else InvalidStateError(
+                    "the executor delivered a batch that is not under way (one it was never "
+                    "given, or one delivered twice)"))
+            return
         if error is not None or results is None:
-            exc = error if error is not None else InvalidStateError("executor delivered no results")
-            self.fail(exc)
-            for request in batch:
-                request.future._observed = True
-                request.future._fail(exc)
+            self._fail_batch(batch, error if error is not None else InvalidStateError(
+                "executor delivered no results"))
             return
         if len(results) != len(batch):
-            raise InvalidStateError(
-                f"executor delivered {len(results)} results for a batch of {len(batch)}")
+            self._fail_batch(batch, InvalidStateError(
+                f"executor delivered {len(results)} results for a batch of {len(batch)}"))
+            return
+        del self._in_executor[id(batch)]
+        self.batches_in_executor -= 1
         for request, result in zip(batch, results, strict=True):
             request.future._complete(result)
 
