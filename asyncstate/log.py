@@ -26,7 +26,8 @@ def _parse(level: str) -> int:
         raise ConfigError("log level", level, f"one of {', '.join(_LEVELS)}") from None
 
 
-_threshold = _parse(os.environ.get("ASYNCSTATE_LOG_LEVEL", "warning"))
+# An empty ASYNCSTATE_LOG_LEVEL counts as unset, as for most environment variables.
+_threshold = _parse(os.environ.get("ASYNCSTATE_LOG_LEVEL") or "warning")
 
 
 def set_level(level: str) -> None:

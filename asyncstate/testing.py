@@ -225,7 +225,7 @@ class ManualScheduler:
     def call_later(self, delay: float, callback: Callable[..., Any],
                    *args: Any) -> ManualTimerHandle:
         """Schedule callback(*args) `delay` seconds from now."""
-        if delay < 0:
+        if not delay >= 0:  # also refuses NaN, which would stall every later call
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
         handle = ManualTimerHandle(self._now + delay, callback, args)
         heapq.heappush(self._heap, (handle.when, next(self._seq), handle))
@@ -246,7 +246,7 @@ class ManualScheduler:
     def advance(self, seconds: float) -> int:
         """Move time forward by `seconds` (>= 0), running calls as they fall due; returns
         how many ran."""
-        if seconds < 0:
+        if not seconds >= 0:  # also refuses NaN, which would stop time for good
             raise ValueError(f"seconds must be >= 0: time never goes backwards, got {seconds!r}")
         target = self._now + seconds
         ran = 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator, Iterable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from asyncstate.errors import InvalidStateError
@@ -76,6 +77,7 @@ class StateFuture(Generic[T]):
     _state = _PENDING
     _result: Any = None
     _exception: BaseException | None = None
+    _exception_tb: TracebackType | None = None
     # The first callback lives in three attributes (most futures have exactly one, and no
     # object is allocated for it); `_more` holds any further ones as (kind, fn, target).
     _cb_kind: int | None = None  # the first callback's kind; None: no callback
@@ -110,6 +112,7 @@ class StateFuture(Generic[T]):
         if self._state != _PENDING:
             raise InvalidStateError(f"{self!r} is already completed")
         self._exception = exc
+        self._exception_tb = exc.__traceback__
         self._state = _FAILED
         if self._cb_kind is None and self._ctx is not None:
             self._ctx.note_failure(self)
@@ -172,6 +175,7 @@ class StateFuture(Generic[T]):
         if kind == _FORWARD:
             chained._complete(value)
             return
+        composed: StateFuture[Any] | None = None
         try:
             if kind == _APPLY:
                 result = fn(value)
@@ -182,12 +186,15 @@ class StateFuture(Generic[T]):
                 inner: object = fn(value)
                 if type(inner) is not StateFuture:
                     raise _not_a_future(fn, inner)
-                inner._forward_to(chained)
-                return
+                composed = inner
         except Exception as exc:  # noqa: BLE001 - a callback failure fails the chain
             chained._fail(exc)
             return
-        chained._complete(result)
+        # Outside the try: an error while completing `chained` is not the callback's.
+        if composed is not None:
+            composed._forward_to(chained)
+        else:
+            chained._complete(result)
 
     def _forward_to(self, target: StateFuture[Any]) -> None:
         state = self._state
@@ -240,7 +247,10 @@ class StateFuture(Generic[T]):
             return self._result  # type: ignore[no-any-return]
         if state == _FAILED:
             self._observed = True
-            raise self._exception  # type: ignore[misc]
+            exc = self._exception
+            assert exc is not None
+            # The traceback it failed with, so that raising it again does not add frames.
+            raise exc.with_traceback(self._exception_tb)
         raise InvalidStateError("StateFuture.result() called before the future completed")
 
     def exception(self) -> BaseException | None:
@@ -306,9 +316,12 @@ class StateFuture(Generic[T]):
     def then_combine(self, other: StateFuture[U], fn: Callable[[T, U], V]) -> StateFuture[V]:
         """A future of fn(result, other's result), once both are done."""
         checked: object = other
-        if not isinstance(checked, StateFuture):
-            return failed_future(TypeError(
-                f"then_combine() expects a StateFuture as other, got {type(other).__name__}"))
+        if not isinstance(checked, StateFuture):  # (the compiled build refuses it earlier)
+            raise TypeError(
+                f"then_combine() expects a StateFuture as other, got {type(other).__name__}")
+        # The result stands for both inputs: a failure of `other` that the result does not
+        # carry (because this one failed first) counts as looked at through it.
+        other._add_hook(_ignore)
         return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
 
     def then_conditionally_apply(
@@ -430,6 +443,7 @@ def failed_future(exc: BaseException) -> StateFuture[Any]:
     fut: StateFuture[Any] = StateFuture()
     fut._state = _FAILED
     fut._exception = exc
+    fut._exception_tb = exc.__traceback__
     ctx = current_context()
     if ctx is not None:
         ctx.note_failure(fut)
@@ -444,18 +458,28 @@ def completed_void_future() -> StateFuture[None]:
     return _VOID
 
 
+def _ignore(_: StateFuture[Any]) -> None:
+    """A hook that only marks a failure as looked at."""
+
+
 def combine_all(futures: Iterable[StateFuture[T]]) -> StateFuture[list[T]]:
     """A future of the list of results, in input order; fails with the first failure."""
     items = list(futures)
     for f in items:
         if not isinstance(f, StateFuture):
             raise TypeError(f"combine_all() expects StateFutures, got {type(f).__name__}")
+    # The combined future stands for all its inputs: whoever looks at it looks at every
+    # input's failure (the first one in input order is its own).
+    first_failed: StateFuture[Any] | None = None
+    for f in items:
+        if f._state == _FAILED:
+            f._observed = True
+            if first_failed is None:
+                first_failed = f
     pending = [f for f in items if f._state == _PENDING]
     if not pending:
-        for f in items:
-            if f._state == _FAILED:
-                f._observed = True
-                return failed_future(f._exception)  # type: ignore[arg-type]
+        if first_failed is not None:
+            return failed_future(first_failed._exception)  # type: ignore[arg-type]
         return completed_future([f._result for f in items])
     result: StateFuture[list[Any]] = StateFuture(pending[0]._ctx)
     remaining = [len(pending)]
@@ -470,11 +494,8 @@ def combine_all(futures: Iterable[StateFuture[T]]) -> StateFuture[list[T]]:
         if remaining[0] == 0:
             result._complete([f._result for f in items])
 
-    for f in items:
-        if f._state == _FAILED:
-            f._observed = True
-            result._fail(f._exception)  # type: ignore[arg-type]
-            return result
-    for f in pending:
+    for f in pending:  # also after a failure: their own failures are looked at too
         f._add(_CALL, one_done, None)
+    if first_failed is not None:
+        result._fail(first_failed._exception)  # type: ignore[arg-type]
     return result
