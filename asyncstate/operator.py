@@ -54,6 +54,8 @@ MAX_WATERMARK = 2**63 - 1
 # Functions opened by a running operator, by id: a function's states are bound to the
 # operator that opened it, so a second operator must not open it meanwhile.
 _LIVE_FUNCTIONS: Final[dict[int, KeyedOperator]] = {}
+# How long closing waits for cancelled record Tasks to finish.
+_RECORD_TASKS_GRACE_S: Final = 1.0
 
 
 async def _settle(result: object) -> None:
@@ -217,6 +219,12 @@ class KeyedOperator:
             primary.add_note(f"closing the operator after this error failed too: {exc!r}")
 
     async def _close_operator(self) -> None:
+        if self._state == "open" and self._driver is not None:
+            # Records still running in Tasks first: fail their outstanding requests and
+            # cancel them, so that their `finally` blocks run before the function closes.
+            if self._controller is not None:
+                self._controller.close()
+            await self._driver.cancel_and_wait(_RECORD_TASKS_GRACE_S)
         await _settle(self._close())
 
     def _close(self) -> Any:

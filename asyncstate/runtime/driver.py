@@ -144,9 +144,16 @@ class RecordTask:
 
 
 @types.coroutine
-def _continue(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
-    """Hand a suspended coroutine to a Task: yield what it yielded, then keep forwarding."""
+def _continue(coro: Coroutine[Any, Any, Any], first: Any,
+              pending: BaseException | None = None) -> Generator[Any, Any, Any]:
+    """Hand a suspended coroutine to a Task: yield what it yielded, then keep forwarding.
+    `pending` (a cancellation asked before the move) is first thrown in where it waits."""
     yielded = first
+    if pending is not None:
+        try:
+            yielded = coro.throw(pending)
+        except StopIteration as stop:
+            return stop.value
     while True:
         try:
             yield yielded
@@ -162,8 +169,9 @@ def _continue(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any,
                 return stop.value
 
 
-async def _task_body(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
-    return await _continue(coro, first)
+async def _task_body(coro: Coroutine[Any, Any, Any], first: Any,
+                     pending: BaseException | None = None) -> Any:
+    return await _continue(coro, first, pending)
 
 
 class UserCodeDriver:
@@ -234,6 +242,10 @@ class UserCodeDriver:
                 _enter_task(loop, outer)
         if yielded is _FINISHED:
             task._done = True
+            if task._must_cancel and not self._closing:
+                # Cancelled after its last await: a Task ends cancelled then, and so does this.
+                self._fail(asyncio.CancelledError(
+                    f"the task running the record with key {ctx.key!r} was cancelled"))
             ctx.release()
             return
         if type(yielded) is StateFuture and yielded._state == _PENDING:
@@ -247,7 +259,16 @@ class UserCodeDriver:
         # A fresh coroutine, or one suspended at a bare `yield` (asyncio.sleep(0)), resumes
         # with send(None) as a Task's first step does; one that yielded a future must first
         # wait for it, so the Task starts by yielding that future again.
-        body = coro if yielded is None else _task_body(coro, yielded)
+        # A cancel asked of the stand-in since its last step is delivered where the
+        # coroutine waits, as a Task delivers it (the count stays on the stand-in).
+        pending: BaseException | None = None
+        if stand_in is not None and stand_in._must_cancel:
+            stand_in._must_cancel = False
+            message = stand_in._cancel_message
+            pending = asyncio.CancelledError() if message is None \
+                else asyncio.CancelledError(message)
+        body = coro if yielded is None and pending is None \
+            else _task_body(coro, yielded, pending)
         task = self._loop.create_task(body, context=ctx.vars)
         if stand_in is not None:
             stand_in.real = task
@@ -267,6 +288,14 @@ class UserCodeDriver:
                     self._fail(exc)
         finally:
             ctx.release()
+
+    async def cancel_and_wait(self, timeout: float) -> None:
+        """Cancel the Tasks of records still running and give them up to `timeout` seconds to
+        finish (their `finally` blocks run before the operator closes the function)."""
+        self.cancel_all()
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
     def cancel_all(self) -> None:
         """Cancel the Tasks of records still running (the operator is closing after a failure)."""

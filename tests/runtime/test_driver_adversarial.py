@@ -201,9 +201,6 @@ async def test_swallowed_cancellation_at_a_state_await_lets_the_record_go_on(
         ("cancelled", ("stop",), 0), ("after", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a cancel() requested on the stand-in while the record is being stepped is lost when the "
-    "record moves into a Task: _to_task does not pass _must_cancel/_cancels to the real Task"))
 @pytest.mark.timeout(30)
 async def test_self_cancel_before_the_first_non_state_await_is_delivered() -> None:
     async def step(fn: _Dynamic, ctx: ast.RecordContext) -> None:
@@ -216,6 +213,35 @@ async def test_self_cancel_before_the_first_non_state_await_is_delivered() -> No
 
     assert await _run(_DynamicTask(), [("a", step)]) == ["cancelled"]  # the reference
     assert await _run(_Dynamic(), [("a", step)]) == ["cancelled"]
+
+
+@_BOTH
+@pytest.mark.timeout(30)
+async def test_a_cancel_after_the_last_await_ends_the_record_cancelled(
+        cls: type[_Dynamic]) -> None:
+    """As a Task that is cancelled and then returns without awaiting again ends cancelled,
+    a stepped record does too: the run fails with the cancellation."""
+    async def step(fn: _Dynamic, ctx: ast.RecordContext) -> None:
+        asyncio.current_task().cancel()
+        ctx.emit("returned")
+
+    with pytest.raises(asyncio.CancelledError, match=r"the task running the record with key "
+                                                       r"'a' was cancelled"):
+        await _run(cls(), [("a", step)])
+
+
+@pytest.mark.timeout(30)
+async def test_a_self_cancel_before_a_bare_yield_lands_there_with_its_message() -> None:
+    async def step(fn: _Dynamic, ctx: ast.RecordContext) -> None:
+        asyncio.current_task().cancel("stop")
+        try:
+            await asyncio.sleep(0)  # a bare yield: moves into a Task, the cancel lands here
+        except asyncio.CancelledError as exc:
+            ctx.emit(("caught", exc.args))
+        await asyncio.sleep(0.001)  # the record goes on in its Task
+        ctx.emit("after")
+
+    assert await _run(_Dynamic(), [("a", step)]) == [("caught", ("stop",)), "after"]
 
 
 # -- asyncio helpers inside records ---------------------------------------------------------
@@ -326,9 +352,6 @@ async def test_stepped_record_finally_runs_before_close_when_the_run_fails() -> 
     assert log == ["finally", "close"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "records running in Tasks are only cancelled (UserCodeDriver.cancel_all), never awaited: "
-    "their finally blocks run after the function's close() and after `async with op` exited"))
 @pytest.mark.timeout(30)
 async def test_record_task_finally_runs_before_close_when_the_run_fails() -> None:
     log: list[Any] = []
