@@ -60,13 +60,7 @@ class StateIterator(Generic[T]):
               keep_all: bool) -> StateFuture[list[Any]]:
         it: StateIterator[T] = self
         while True:
-            if fn is None:
-                results.extend(it._items)
-            else:
-                for item in it._items:
-                    r = fn(item)
-                    if r is not None or keep_all:
-                        results.append(r)
+            _collect(it._items, fn, results, keep_all)
             if it._continuation is None:
                 return _gather(results)
             nxt = it._load_next()
@@ -87,6 +81,18 @@ class StateIterator(Generic[T]):
             it = await it._load_next()
 
 
+def _collect(items: list[Any], fn: Callable[[Any], Any] | None, results: list[Any],
+             keep_all: bool) -> None:
+    """Add one chunk's items (or fn's results for them) to `results`."""
+    if fn is None:
+        results.extend(items)
+        return
+    for item in items:
+        r = fn(item)
+        if r is not None or keep_all:
+            results.append(r)
+
+
 def _walk_async(pending: StateFuture[StateIterator[Any]], fn: Callable[[Any], Any] | None,
                 results: list[Any], keep_all: bool) -> StateFuture[list[Any]]:
     """The rest of `_walk` from a chunk still loading: one result future, completed once at
@@ -98,13 +104,7 @@ def _walk_async(pending: StateFuture[StateIterator[Any]], fn: Callable[[Any], An
         try:
             it = loaded.result()
             while True:
-                if fn is None:
-                    results.extend(it._items)
-                else:
-                    for item in it._items:
-                        r = fn(item)
-                        if r is not None or keep_all:
-                            results.append(r)
+                _collect(it._items, fn, results, keep_all)
                 if it._continuation is None:
                     _gather(results)._forward_to(done)
                     return
