@@ -121,6 +121,12 @@ def _packed_key_groups(backend: SnapshotBackend, kg_range: KeyGroupRange,
             entries = [pack(e) for e in backend.snapshot_key_group(kg)]
             if entries:
                 encoded[kg] = (len(entries), b"".join(entries))
+    if extra_sections is not None:
+        outside = sorted(kg for kg in encoded if kg not in kg_range)
+        if outside:  # without extra sections the writer refuses them the same way
+            raise CheckpointError(
+                f"key group {outside[0]} is outside the key groups {kg_range.start}.."
+                f"{kg_range.end} this snapshot covers (max_parallelism {max_parallelism})")
     kgs = kg_range if extra_sections is not None else sorted(encoded)
     for kg in kgs:
         count, chunks = 0, []

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import itertools
 import json
+import math
 import os
 import time
 import uuid
@@ -38,7 +39,7 @@ from asyncstate.checkpoint.layout import (
     part_name,
 )
 from asyncstate.config import MAX_MAX_PARALLELISM, check_int
-from asyncstate.errors import CheckpointError
+from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.keygroups import compute_key_group_range_for_operator_index
 
 __all__ = ["DEFAULT_STALE_AFTER_S", "PackedRecords", "write_part"]
@@ -81,6 +82,10 @@ def _makedirs_durable(path: str) -> None:
     _fsync_dir(parent)
 
 
+class _Unencodable(Exception):
+    """msgpack refused a record (its error is the cause)."""
+
+
 def _write_key_group(f: Any, packer: msgpack.Packer,
                      records: Iterable[Any]) -> tuple[int, int, int]:
     """Pack and write one key group's records; return (size, count, crc32)."""
@@ -95,7 +100,10 @@ def _write_key_group(f: Any, packer: msgpack.Packer,
         chunk = list(itertools.islice(it, _CHUNK_RECORDS))
         if not chunk:
             break
-        collections.deque(map(pack, chunk), 0)
+        try:
+            collections.deque(map(pack, chunk), 0)
+        except (TypeError, ValueError, OverflowError) as exc:  # not the source's own errors
+            raise _Unencodable(exc) from exc
         data = packer.bytes()
         packer.reset()
         crc = zlib.crc32(data, crc)
@@ -139,12 +147,21 @@ def write_part(
             raise TypeError(f"states must map str names to str kinds, got {name!r}: {kind!r}")
     part_dir = os.path.join(os.fspath(checkpoint_dir), part_name(parallelism, operator_index))
     pname = part_name(parallelism, operator_index)
+    if isinstance(stale_after_s, bool) or not isinstance(stale_after_s, (int, float)) \
+            or not 0 <= stale_after_s < math.inf:
+        raise ConfigError("stale_after_s", stale_after_s, "a finite number of seconds >= 0")
     try:
         extra_bytes = msgpack.packb(dict(extra or {}), use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CheckpointError(
             f"extra of checkpoint part {part_dir!r} cannot be encoded with msgpack: {exc}",
             path=part_dir) from exc
+    try:  # as the reader decodes it: a dict with tuple keys, say, packs but does not read back
+        msgpack.unpackb(extra_bytes, raw=False, strict_map_key=False)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"extra of checkpoint part {part_dir!r} is encoded by msgpack but does not read "
+            f"back: {exc}", path=part_dir) from exc
 
     _makedirs_durable(part_dir)
     attempt = uuid.uuid4().hex
@@ -169,12 +186,19 @@ def write_part(
                     raise CheckpointError(
                         f"key group {kg} given twice while writing checkpoint part {pname}",
                         path=part_dir)
+                if type(records) is PackedRecords and records.num_records < (
+                        1 if records.data else 0):
+                    raise CheckpointError(
+                        f"key group {kg} of checkpoint part {pname}: PackedRecords of "
+                        f"{len(records.data)} bytes claims {records.num_records} records",
+                        path=part_dir)
                 try:
                     size, count, crc = _write_key_group(f, packer, records)
-                except (TypeError, ValueError, OverflowError) as exc:
+                except _Unencodable as exc:
+                    cause = exc.__cause__
                     raise CheckpointError(
                         f"a record of key group {kg} in checkpoint part {pname} cannot be "
-                        f"encoded with msgpack: {exc}", path=part_dir) from exc
+                        f"encoded with msgpack: {cause}", path=part_dir) from cause
                 if count:
                     index[kg] = KeyGroupEntry(offset, size, count, crc)
                     offset += size
