@@ -219,27 +219,24 @@ class KeyedOperator:
             primary.add_note(f"closing the operator after this error failed too: {exc!r}")
 
     async def _close_operator(self) -> None:
-        if self._state == "open" and self._driver is not None:
+        if self._state == "open":
             # Records still running in Tasks first: fail their outstanding requests and
             # cancel them, so that their `finally` blocks run before the function closes.
-            if self._controller is not None:
-                self._controller.close()
+            assert self._controller is not None and self._driver is not None
+            self._controller.close()
             await self._driver.cancel_and_wait(_RECORD_TASKS_GRACE_S)
         await _settle(self._close())
 
     def _close(self) -> Any:
-        """Close the controller, the function (if its open() ran) and the backend; returns
-        what the function's close() returned (awaited by the caller when awaitable)."""
+        """Close the function (if its open() ran) and the backend, once the controller is
+        closed; returns what the function's close() returned (awaited by the caller when
+        awaitable)."""
         if self._state == "closed":
             return None
         opened = self._state == "open"
         self._state = "closed"
         closed: Any = None
         try:
-            if self._driver is not None:
-                self._driver.cancel_all()
-            if self._controller is not None:
-                self._controller.close()
             if self._function_opened:
                 self._function_opened = False
                 if _LIVE_FUNCTIONS.get(id(self.function)) is self:

@@ -52,3 +52,16 @@ def normalize(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: normalize(v) for k, v in value.items()}
     return value
+
+
+class Dynamic(ast.KeyedProcessFunction):
+    """Runs the coroutine function a record carries, ``(key, step)``, as ``await step(self,
+    ctx)``: the driver's code scan cannot see it. One ValueState, `v`."""
+
+    needs_task = None
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+    async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+        await value[1](self, ctx)

@@ -6,21 +6,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from shared_functions import Dynamic
 
 import asyncstate as ast
 from asyncstate.runtime.driver import RecordTask, needs_task
 
-
-class _Dynamic(ast.KeyedProcessFunction):
-    """Runs the coroutine function carried by the record (invisible to the code scan)."""
-
-    needs_task = None
-
-    def open(self, ctx: ast.RuntimeContext) -> None:
-        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
-
-    async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
-        await value[1](self, ctx)
+_Dynamic = Dynamic
 
 
 def _slow_backend() -> ast.SimulatedRemoteBackend:
