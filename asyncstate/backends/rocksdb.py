@@ -456,7 +456,14 @@ class RocksDBBackend:
             raise job.error
         results = job.results
         for (_handle, _keys, slots), values in zip(job.parts, job.raw, strict=True):
-            for slot, raw in zip(slots, values, strict=True):  # type: ignore[arg-type]
+            n = len(slots)
+            if values is None or len(values) != n:
+                raise BackendError(f"RocksDB multi-get on {self._path!r} returned "
+                                   f"{'nothing' if values is None else len(values)} values "
+                                   f"for {n} keys", path=self._path)
+            for j in range(n):  # an index loop: compiled, cheaper than zip(strict=True)
+                slot = slots[j]
+                raw = values[j]
                 if slot >= 0:
                     results[slot] = None if raw is None else decode_value(raw)
                 else:

@@ -98,14 +98,18 @@ class _Touched:
     __slots__ = ("keys", "slots", "read", "written", "values", "maps")
 
     def __init__(self) -> None:
-        self.keys: list[bytes] = []  # point reads for the multi-get ...
-        self.slots: list[int] = []  # ... and their result slots (~i: MAP_CONTAINS of request i)
-        # prefixes read; only filled while an earlier batch is unapplied
+        # Point reads for the multi-get, and their result slots (~i: MAP_CONTAINS of request
+        # i). Of a value-kind state, the keys are the prefixes read.
+        self.keys: list[bytes] = []
+        self.slots: list[int] = []
+        # prefixes of the map entries read; only filled while an earlier batch is unapplied
         self.read: set[bytes] = set()
-        self.written: dict[bytes, int] = {}  # prefix -> WriteBatch segment of its latest write
-        # Overlay of the batch's writes, for reads that follow them: value-kind states map a
-        # prefix to the stored value written (None: removed), map states to a _MapOverlay.
+        # Writes of a list or map state: prefix -> WriteBatch segment of its latest write.
+        self.written: dict[bytes, int] = {}
+        # Writes of a value-kind state: prefix -> the stored value written (None: removed),
+        # also the overlay later reads of the batch are answered from.
         self.values: dict[bytes, Any] = {}
+        # Overlay of a map state's writes, for later reads of the batch.
         self.maps: dict[bytes, _MapOverlay] = {}
 
 
@@ -141,13 +145,18 @@ def _overlaps(job: _Job, earlier: _Job) -> bool:
     """True if `job` reads a (state, key, namespace) that `earlier` writes."""
     earlier_touched = earlier.touched
     for handle, touched in job.touched.items():
-        read = touched.read
-        if not read:
-            continue
         other = earlier_touched.get(handle)
         if other is None:
             continue
+        if handle.kind in _VALUE_KINDS:
+            values = other.values
+            if values and any(key in values for key in touched.keys):
+                return True
+            continue
+        read = touched.read
         written = other.written
+        if not read or not written:
+            continue
         if len(read) <= len(written):
             if any(p in written for p in read):
                 return True
@@ -214,7 +223,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
             touched.keys.append(key)
             touched.slots.append(~i if cat == _MAP_CONTAINS else i)
             point_reads += 1
-            if track:
+            if track and cat != _GET:
                 touched.read.add(prefix)
             continue
         if cat >= _ITER:
@@ -233,16 +242,20 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
         # writes
         if wb is None:
             wb = rocksdict.WriteBatch(raw_mode=True)
-        touched.written[prefix] = segment
+            put = wb.put
         cf = handle.cf_handle
         payload = request.payload
-        if cat == _PUT:
-            if payload is None:
+        if cat == _PUT or (cat == _CLEAR and handle.kind in _VALUE_KINDS):
+            # A value-kind write: one key, noted in `values` (the overlay) only.
+            if cat == _CLEAR or payload is None:
                 wb.delete(prefix, cf)
+                payload = None
             else:
-                wb.put(prefix, stored_to_bytes(payload), cf)
+                put(prefix, stored_to_bytes(payload), cf)
             touched.values[prefix] = payload
-        elif cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
+            continue
+        touched.written[prefix] = segment
+        if cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
             overlay = touched.maps.get(prefix)
             if overlay is None:
                 overlay = touched.maps[prefix] = _MapOverlay()
@@ -255,26 +268,21 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 if value is None:
                     wb.delete(prefix + user_key, cf)
                 else:
-                    wb.put(prefix + user_key, stored_to_bytes(value), cf)
+                    put(prefix + user_key, stored_to_bytes(value), cf)
                 entries[user_key] = value
         elif cat in (_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE):
             if cat == _LIST_UPDATE:
                 wb.delete_range(prefix, _prefix_end(prefix), cf)
             seq = job.list_seq
             for value in ((payload,) if cat == _LIST_ADD else payload):
-                wb.put(prefix + _pack_seq(seq), stored_to_bytes(value), cf)
+                put(prefix + _pack_seq(seq), stored_to_bytes(value), cf)
                 seq += 1
             job.list_seq = seq
-        else:  # _CLEAR
-            kind = handle.kind
-            if kind in _VALUE_KINDS:
-                wb.delete(prefix, cf)
-                touched.values[prefix] = None
-            else:
-                wb.delete_range(prefix, _prefix_end(prefix), cf)
-                if kind is StateKind.MAP:
-                    overlay = touched.maps[prefix] = _MapOverlay()
-                    overlay.cleared = True
+        else:  # _CLEAR of a list or map
+            wb.delete_range(prefix, _prefix_end(prefix), cf)
+            if handle.kind is StateKind.MAP:
+                overlay = touched.maps[prefix] = _MapOverlay()
+                overlay.cleared = True
     if job.list_seq != seq_start:
         if wb is None:
             wb = rocksdict.WriteBatch(raw_mode=True)
@@ -282,4 +290,4 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
     if wb is not None:
         steps.append(wb)
     job.point_reads = point_reads
-    job.writes = any(touched.written for touched in all_touched.values())
+    job.writes = any(touched.written or touched.values for touched in all_touched.values())

@@ -265,6 +265,25 @@ async def test_later_batch_reads_writes_of_an_earlier_unfinished_batch(rocks):
     assert rdb.delivery_order == ids  # delivered in trigger order
 
 
+async def test_later_batch_reads_value_kind_writes_and_clears_of_an_earlier_batch(rocks):
+    """Value-kind writes (update, clear, reducing and aggregating adds) of an unapplied batch
+    hold back a later batch's multi-get of the same (state, key, namespace), and only it."""
+    rdb = Harness(rocks, asyncio.get_running_loop())
+    await rdb.run([("v", T.VALUE_UPDATE, 1, "k", None), ("v", T.VALUE_UPDATE, 2, "j", None),
+                   ("r", T.REDUCING_ADD, 5, "k", None), ("a", T.AGGREGATING_ADD, 6, "k", None)])
+    batches: list[list[Op]] = [
+        [("v", T.VALUE_GET, None, "other", None)],  # reads ahead of the writes below
+        [("v", T.CLEAR, None, "k", None), ("r", T.REDUCING_ADD, 7, "k", None),
+         ("a", T.AGGREGATING_ADD, 8, "k", "ns")],
+        [("v", T.VALUE_GET, None, "k", None), ("r", T.REDUCING_GET, None, "k", None),
+         ("a", T.AGGREGATING_GET, None, "k", None), ("a", T.AGGREGATING_GET, None, "k", "ns"),
+         ("v", T.VALUE_GET, None, "j", None)],
+    ]
+    results = await rdb.run_all(batches)
+    assert results[0] == [None]
+    assert results[2] == [None, 7, 6, 8, 2]
+
+
 async def test_a_read_before_a_write_in_the_same_batch_sees_the_old_value(rocks):
     rdb = Harness(rocks, asyncio.get_running_loop())
     await rdb.run([("v", T.VALUE_UPDATE, "old", 5, None)])
