@@ -174,6 +174,14 @@ async def test_body_error_with_pool_reads_queued_releases_directory_and_threads(
         (k, 1) for k in range(20)]
 
 
+async def feed_with_the_pool_held(op: ast.KeyedOperator, backend: RocksDBBackend) -> None:
+    """Hold the backend's pool for 0.3 s and feed 40 counter records meanwhile: their reads
+    queue behind the held pool."""
+    occupy_pool(backend, release_after=0.3)
+    for k in range(40):
+        await op.process(k)
+
+
 @pytest.mark.timeout(60)
 async def test_cancelled_while_draining_pool_reads_releases_directory(tmp_path):
     path = tmp_path / "db"
@@ -184,9 +192,7 @@ async def test_cancelled_while_draining_pool_reads_releases_directory(tmp_path):
         op = ast.KeyedOperator(Counter(), key_selector=first, backend=backend,
                                config=ast.AsyncStateConfig(batch_size=4, buffer_timeout_ms=0))
         async with op:
-            occupy_pool(backend, release_after=0.3)
-            for k in range(40):
-                await op.process(k)
+            await feed_with_the_pool_held(op, backend)
             entered.set()
             await op.drain()  # never completes: cancelled while the reads wait for the pool
 
@@ -245,9 +251,7 @@ async def test_cancelled_during_the_clean_exit_drain_releases_the_directory(tmp_
         op = ast.KeyedOperator(Counter(), key_selector=first, backend=backend,
                                config=ast.AsyncStateConfig(batch_size=4, buffer_timeout_ms=0))
         async with op:
-            occupy_pool(backend, release_after=0.3)
-            for k in range(40):
-                await op.process(k)
+            await feed_with_the_pool_held(op, backend)
             exiting.set()
         # the clean exit drains: cancelled there
 

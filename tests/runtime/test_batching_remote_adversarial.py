@@ -186,6 +186,14 @@ class Counter(ast.KeyedProcessFunction):
         ctx.emit((key, n, tag))
 
 
+def counter_operator(backend: Any, batch_size: int,
+                     buffer_timeout_ms: int = 0) -> ast.KeyedOperator:
+    """The Counter over `backend`, keyed by the record's first item."""
+    return ast.KeyedOperator(Counter(), key_selector=lambda r: r[0], backend=backend,
+                             config=ast.AsyncStateConfig(batch_size=batch_size,
+                                                         buffer_timeout_ms=buffer_timeout_ms))
+
+
 class Rounds(ast.KeyedProcessFunction):
     """record (key, tag): `ROUNDS` sequential read-modify-write round trips."""
 
@@ -434,8 +442,7 @@ async def test_buffer_timeout_sends_every_round_of_stalled_input_without_drain()
 async def test_buffer_timeout_sends_leftover_of_a_size_triggered_batch() -> None:
     """5 requests with batch_size 3: 3 go out by size, the other 2 by the timeout."""
     backend = RecordingRemote(HeapBackend(), latency_ms=0.5, io_parallelism=2)
-    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r[0], backend=backend,
-                           config=ast.AsyncStateConfig(batch_size=3, buffer_timeout_ms=5))
+    op = counter_operator(backend, 3, 5)
     try:
         async with op:
             for i in range(5):
@@ -702,9 +709,7 @@ def test_back_pressure_bounds_the_calls_queued_in_the_backend(
 @pytest.mark.timeout(30)
 async def test_executor_raising_on_a_full_batch_fails_the_run() -> None:
     """execute_batch raising while user code issues the request that fills the batch."""
-    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r[0],
-                           backend=BrokenExecutor("raise"),
-                           config=ast.AsyncStateConfig(batch_size=1, buffer_timeout_ms=0))
+    op = counter_operator(BrokenExecutor("raise"), 1)
     with pytest.raises(Boom):
         async with op:
             await op.process(("a", 0))
@@ -717,10 +722,7 @@ async def test_executor_raising_synchronously_fails_the_run(path: str) -> None:
     loop = asyncio.get_running_loop()
     loop_errors: list[Any] = []
     loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
-    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r[0],
-                           backend=BrokenExecutor("raise"),
-                           config=ast.AsyncStateConfig(
-                               batch_size=100, buffer_timeout_ms=5 if path == "timeout" else 0))
+    op = counter_operator(BrokenExecutor("raise"), 100, 5 if path == "timeout" else 0)
     try:
         async with op:
             await op.process(("a", 0))
@@ -737,9 +739,7 @@ async def test_executor_raising_synchronously_fails_the_run(path: str) -> None:
 
 @pytest.mark.timeout(30)
 async def test_delivery_of_a_batch_never_given_fails_the_run() -> None:
-    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r[0],
-                           backend=BrokenExecutor("copy"),
-                           config=ast.AsyncStateConfig(batch_size=1, buffer_timeout_ms=0))
+    op = counter_operator(BrokenExecutor("copy"), 1)
     with pytest.raises(InvalidStateError):
         async with op:
             await op.process(("a", 0))
@@ -748,9 +748,7 @@ async def test_delivery_of_a_batch_never_given_fails_the_run() -> None:
 
 @pytest.mark.timeout(30)
 async def test_delivering_a_batch_twice_fails_the_run() -> None:
-    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r[0],
-                           backend=BrokenExecutor("twice"),
-                           config=ast.AsyncStateConfig(batch_size=1, buffer_timeout_ms=0))
+    op = counter_operator(BrokenExecutor("twice"), 1)
     with pytest.raises(InvalidStateError):
         async with op:
             await op.process(("a", 0))
@@ -759,9 +757,7 @@ async def test_delivering_a_batch_twice_fails_the_run() -> None:
 
 @pytest.mark.timeout(30)
 async def test_too_few_results_fail_the_run_with_a_clear_error() -> None:
-    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r[0],
-                           backend=BrokenExecutor("short"),
-                           config=ast.AsyncStateConfig(batch_size=2, buffer_timeout_ms=0))
+    op = counter_operator(BrokenExecutor("short"), 2)
     with pytest.raises(InvalidStateError, match="delivered 1 results for a batch of 2"):
         async with op:
             await op.process(("a", 0))
@@ -785,8 +781,7 @@ async def test_remote_inner_delivering_an_unknown_batch_fails_the_run() -> None:
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(lambda _loop, _context: None)
     backend = SimulatedRemoteBackend(BrokenExecutor("copy"), latency_ms=0.5)
-    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r[0], backend=backend,
-                           config=ast.AsyncStateConfig(batch_size=1, buffer_timeout_ms=0))
+    op = counter_operator(backend, 1)
     with pytest.raises(InvalidStateError, match="not given"):
         async with op:
             await op.process(("a", 0))

@@ -321,13 +321,25 @@ async def test_awaiting_a_future_twice_and_another_records_future(cls: type[_Dyn
 # -- failure and close ----------------------------------------------------------------------
 
 
+class _LoggedClose(_Dynamic):
+    """Appends "close" to `log` when the function closes."""
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self._log = log
+
+    def close(self) -> None:
+        self._log.append("close")
+
+
+async def _fail_soon(fn: _Dynamic, ctx: ast.RecordContext) -> None:
+    await asyncio.sleep(0.01)
+    raise ValueError("boom")
+
+
 @pytest.mark.timeout(30)
 async def test_stepped_record_finally_runs_before_close_when_the_run_fails() -> None:
     log: list[Any] = []
-
-    class Logged(_Dynamic):
-        def close(self) -> None:
-            log.append("close")
 
     async def waiter(fn: _Dynamic, ctx: ast.RecordContext) -> None:
         try:
@@ -335,12 +347,8 @@ async def test_stepped_record_finally_runs_before_close_when_the_run_fails() -> 
         finally:
             log.append("finally")
 
-    async def failer(fn: _Dynamic, ctx: ast.RecordContext) -> None:
-        await asyncio.sleep(0.01)
-        raise ValueError("boom")
-
     with pytest.raises(ValueError, match="boom"):
-        await _run(Logged(), [("a", waiter), ("c", failer)], _slow(200))
+        await _run(_LoggedClose(log), [("a", waiter), ("c", _fail_soon)], _slow(200))
     assert log == ["finally", "close"]
 
 
@@ -348,22 +356,14 @@ async def test_stepped_record_finally_runs_before_close_when_the_run_fails() -> 
 async def test_record_task_finally_runs_before_close_when_the_run_fails() -> None:
     log: list[Any] = []
 
-    class Logged(_Dynamic):
-        def close(self) -> None:
-            log.append("close")
-
     async def waiter(fn: _Dynamic, ctx: ast.RecordContext) -> None:
         try:
             await asyncio.sleep(5)
         finally:
             log.append("finally")
 
-    async def failer(fn: _Dynamic, ctx: ast.RecordContext) -> None:
-        await asyncio.sleep(0.01)
-        raise ValueError("boom")
-
     with pytest.raises(ValueError, match="boom"):
-        await _run(Logged(), [("b", waiter), ("c", failer)])
+        await _run(_LoggedClose(log), [("b", waiter), ("c", _fail_soon)])
     exited = list(log)
     await asyncio.sleep(0.05)  # let the cancelled Task run its finally
     assert exited == ["finally", "close"]
