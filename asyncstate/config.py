@@ -18,6 +18,8 @@ __all__ = [
     "MAX_MAX_PARALLELISM",
     "MIN_AUTO_GC_THRESHOLD",
     "AsyncStateConfig",
+    "check_backend_state_name",
+    "check_state_name",
 ]
 
 DEFAULT_BATCH_SIZE = 1000
@@ -44,6 +46,32 @@ def check_int(option: str, value: object, low: int, high: int | None = None) -> 
         rule = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ConfigError(option, value, rule)
     return value
+
+
+def check_state_name(name: object, option: str = "name") -> str:
+    """Return `name` as a plain str if it can name a state on every backend and in
+    checkpoints: a non-empty str without NUL characters that encodes to UTF-8 (no lone
+    surrogates). Else ConfigError. A str subclass (a StrEnum member) gives its plain str."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(option, name, "a non-empty str")
+    if type(name) is not str:
+        name = str.__str__(name)
+    if "\x00" in name:
+        raise ConfigError(option, name, "a str without NUL characters")
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        raise ConfigError(option, name,
+                          "a str that encodes to UTF-8 (it holds a lone surrogate)") from None
+    return name
+
+
+def check_backend_state_name(name: object) -> str:
+    """The check of a backend's `register_state`: TypeError unless `name` is a non-empty
+    plain str (descriptors hand over plain strs), ConfigError as `check_state_name`."""
+    if type(name) is not str or not name:
+        raise TypeError(f"state name must be a non-empty str, got {name!r}")
+    return check_state_name(name, "state name")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,8 @@ from asyncstate.checkpoint.operator_state import (
     redistribute_even_split,
     redistribute_union,
 )
-from asyncstate.errors import CheckpointError, ConfigError
+from asyncstate.config import check_state_name
+from asyncstate.errors import CheckpointError
 from asyncstate.runtime.requests import StateKind
 from asyncstate.state.base import InternalState
 from asyncstate.state.descriptors import (
@@ -155,8 +156,7 @@ class RuntimeContext:
         return dict(self._states)
 
     def _operator_state(self, name: str, mode: RedistributionMode) -> OperatorListState[Any]:
-        if not isinstance(name, str) or not name:
-            raise ConfigError("name", name, "a non-empty str")
+        name = check_state_name(name)
         existing = self._operator_states.get(name)
         if existing is not None:
             if existing.mode is not mode:

@@ -4,6 +4,7 @@ KeyedOperator's own arguments."""
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -128,6 +129,35 @@ def test_descriptor_rejects_empty_or_non_str_names(make, bad):
         make(bad)
     assert info.value.option == "name"
     assert info.value.value == bad
+
+
+UNSTORABLE_NAMES = [
+    pytest.param("a\x00b", "a str without NUL characters", id="nul"),
+    pytest.param("\x00", "a str without NUL characters", id="only-nul"),
+    pytest.param("count\ud800", "a str that encodes to UTF-8 (it holds a lone surrogate)",
+                 id="lone-surrogate"),
+]
+
+
+@pytest.mark.parametrize("make", DESCRIPTOR_FACTORIES)
+@pytest.mark.parametrize(("bad", "rule"), UNSTORABLE_NAMES)
+def test_descriptor_rejects_a_name_no_backend_or_checkpoint_can_store(make, bad, rule):
+    # RocksDB column families and checkpoints store names as UTF-8 without NUL: refused at
+    # the declaration, on every backend, not later by one of them.
+    with pytest.raises(ast.ConfigError, match=_config_error("name", bad, rule)) as info:
+        make(bad)
+    assert info.value.option == "name"
+
+
+class _Names(enum.StrEnum):
+    COUNT = "count"
+
+
+@pytest.mark.parametrize("make", DESCRIPTOR_FACTORIES)
+def test_descriptor_takes_a_str_enum_name_as_its_plain_str(make):
+    descriptor = make(_Names.COUNT)
+    assert descriptor.name == "count"
+    assert type(descriptor.name) is str
 
 
 @pytest.mark.parametrize("make", DESCRIPTOR_FACTORIES)
@@ -343,6 +373,18 @@ async def test_operator_state_rejects_empty_or_non_str_names(method, bad):
                        match=_config_error("name", bad, "a non-empty str")) as info:
         await _open(lambda ctx: getattr(ctx, method)(bad))
     assert info.value.option == "name"
+
+
+@pytest.mark.parametrize("method", ["get_operator_list_state", "get_union_list_state"])
+@pytest.mark.parametrize(("bad", "rule"), UNSTORABLE_NAMES)
+async def test_operator_state_rejects_a_name_a_checkpoint_cannot_store(method, bad, rule):
+    with pytest.raises(ast.ConfigError, match=_config_error("name", bad, rule)):
+        await _open(lambda ctx: getattr(ctx, method)(bad))
+
+
+async def test_operator_state_takes_a_str_enum_name_as_its_plain_str():
+    state = await _open(lambda ctx: ctx.get_operator_list_state(_Names.COUNT))
+    assert type(state.name) is str and state.name == "count"
 
 
 @pytest.mark.parametrize(("first", "second", "first_mode", "second_mode"), [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from asyncstate.config import check_state_name
 from asyncstate.errors import ConfigError
 from asyncstate.runtime.requests import StateKind
 
@@ -66,9 +67,7 @@ class StateDescriptor:
     kind: StateKind
 
     def __init__(self, name: str, *, ttl: Any = None) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigError("name", name, "a non-empty str")
-        self.name = name
+        self.name = check_state_name(name)
         self.ttl_config: Any = None
         if ttl is not None:
             self.enable_time_to_live(ttl)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from shared_functions import slow_examples
 
 import asyncstate as ast
+from asyncstate.runtime.requests import StateKind
 
 V = ast.ValueStateDescriptor
 L = ast.ListStateDescriptor
@@ -1049,3 +1050,24 @@ def test_deeply_nested_key_raises_serialization_error_not_a_crash():
                           timeout=120, check=False)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
     assert proc.stdout.strip() == "[('SerializationError', 'm')]"
+
+
+@pytest.mark.parametrize(("name", "error", "message"), [
+    ("a\x00b", ast.ConfigError, r"^state name must be a str without NUL characters, got "),
+    ("v\udc80", ast.ConfigError, r"^state name must be a str that encodes to UTF-8 "),
+    ("", TypeError, r"^state name must be a non-empty str, got ''$"),
+    (b"v", TypeError, r"^state name must be a non-empty str, got b'v'$"),
+])
+def test_every_backend_refuses_the_same_state_names_and_stays_usable(backend, name, error,
+                                                                      message):
+    try:
+        with pytest.raises(error, match=message):
+            backend.register_state(name, StateKind.VALUE)
+        with pytest.raises(TypeError, match=r"^kind must be a StateKind, got 'value'$"):
+            backend.register_state("v", "value")
+        first = backend.register_state("v", StateKind.VALUE)
+        assert backend.register_state("v", StateKind.VALUE) is first
+        with pytest.raises(ValueError, match=r"^state 'v' is already registered as value "):
+            backend.register_state("v", StateKind.LIST)
+    finally:
+        backend.close()
