@@ -13,6 +13,8 @@ A future completes once. Invariants:
   registration order, inside their record's contextvars context (so `ctx` and the record's
   current key are in force). Callbacks registered on a completed future run before the
   registering call returns.
+- A chain of callbacks of any length completes in bounded stack: past `_MAX_DEPTH` links,
+  the outermost completion finishes the rest (`_finish_at`, `_run_deferred`).
 - An exception raised by a callback completes the returned future exceptionally; a failure
   skips the callbacks down a chain and travels to its end. `BaseException`s that are not
   `Exception`s propagate and are never captured.
@@ -31,6 +33,7 @@ Task and passed to `asyncio.gather` / `asyncio.wait_for`.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
@@ -65,6 +68,13 @@ _FORWARD: Final = 3  # target <- this future's outcome
 _CALL: Final = 4  # fn(future) (internal hooks: coroutine driver, combine_all, record end)
 _ASYNCIO: Final = 5  # loop.call_soon(fn, future, context=target[1]) with target = (loop, context)
 _SETTLED: Final = 6  # fn(), without counting as looking at a failure (internal ordering gates)
+_GATHER: Final = 7  # target.one_done(future): one input of combine_all (target: a _Gather)
+
+# Links a completion runs down a chain of callbacks before it defers the rest to the
+# outermost completion (`StateFuture._finish_at`): each link takes a few interpreter frames
+# (Python build) or C frames (compiled build), so a chain of any length completes without
+# RecursionError or a C stack overflow.
+_MAX_DEPTH: Final = 32
 
 _get_running_loop: Final = asyncio.get_running_loop
 
@@ -106,9 +116,25 @@ class StateFuture(Generic[T]):
             raise InvalidStateError(f"{self!r} is already completed")
         self._result = value
         self._state = _DONE
-        self._finish()
+        deferred = self._finish_at(0)
+        if deferred is not None:
+            _run_deferred(deferred)
 
     def _fail(self, exc: BaseException) -> None:
+        deferred = self._fail_at(exc, 0)
+        if deferred is not None:
+            _run_deferred(deferred)
+
+    def _complete_at(self, value: Any, depth: int) -> list[StateFuture[Any]] | None:
+        """`_complete` inside a completion `depth` links deep: returns the futures whose
+        callbacks were deferred (see `_finish_at`) instead of running them."""
+        if self._state != _PENDING:
+            raise InvalidStateError(f"{self!r} is already completed")
+        self._result = value
+        self._state = _DONE
+        return self._finish_at(depth)
+
+    def _fail_at(self, exc: BaseException, depth: int) -> list[StateFuture[Any]] | None:
         if self._state != _PENDING:
             raise InvalidStateError(f"{self!r} is already completed")
         self._exception = exc
@@ -116,18 +142,25 @@ class StateFuture(Generic[T]):
         self._state = _FAILED
         if self._cb_kind is None and self._ctx is not None:
             self._ctx.note_failure(self)
-        self._finish()
+        return self._finish_at(depth)
 
-    def _finish(self) -> None:
+    def _finish_at(self, depth: int) -> list[StateFuture[Any]] | None:
+        """Run the callbacks and drop the record reference of a future just completed by a
+        completion `depth` links deep. At `_MAX_DEPTH` nothing runs: the future is returned
+        (in a list, with any others deferred further down) for the outermost completion to
+        finish (`_run_deferred`), so that a chain of any length completes in bounded stack."""
         ctx = self._ctx
+        deferred: list[StateFuture[Any]] | None = None
         if self._cb_kind is not None:
+            if depth >= _MAX_DEPTH:
+                return [self]  # its reference on ctx is dropped when it finishes
             if ctx is None or ctx.entered or ctx.vars is None:
-                self._run_callbacks()
+                deferred = self._run_callbacks(depth)
             else:
                 # RecordContext.run, inlined: callbacks run in the record's contextvars.
                 ctx.entered = True
                 try:
-                    ctx.vars.run(_RUN_CALLBACKS, self)
+                    deferred = ctx.vars.run(_RUN_CALLBACKS, self, depth)
                 finally:
                     ctx.entered = False
         if ctx is not None:
@@ -136,27 +169,35 @@ class StateFuture(Generic[T]):
             ctx.ref_count = count
             if count == 0:
                 ctx.release_to_zero()
+        return deferred
 
-    def _run_callbacks(self) -> None:
+    def _run_callbacks(self, depth: int) -> list[StateFuture[Any]] | None:
         kind = self._cb_kind
         self._cb_kind = None
         assert kind is not None
         fn, target, more = self._cb_fn, self._cb_target, self._more
         self._cb_fn = self._cb_target = self._more = None
-        self._dispatch(kind, fn, target)
+        deferred = self._dispatch(kind, fn, target, depth)
         if more is not None:
             for entry in more:
-                self._dispatch(*entry)
+                further = self._dispatch(entry[0], entry[1], entry[2], depth)
+                if further is not None:
+                    if deferred is None:
+                        deferred = further
+                    else:
+                        deferred.extend(further)
+        return deferred
 
-    def _dispatch(self, kind: int, fn: Any, target: Any) -> None:
+    def _dispatch(self, kind: int, fn: Any, target: Any,
+                  depth: int) -> list[StateFuture[Any]] | None:
         if kind == _ASYNCIO:
             target[0].call_soon(fn, self, context=target[1])
-            return
+            return None
         if kind == _CALL:
             if self._state == _FAILED:
                 self._observed = True
             fn(self)
-            return
+            return None
         if kind == _SETTLED:
             # `_fail` skipped noting the failure because this callback exists; note it here,
             # so that it still fails the run unless someone else looks at it.
@@ -164,17 +205,20 @@ class StateFuture(Generic[T]):
             if self._state == _FAILED and ctx is not None:
                 ctx.note_failure(self)
             fn()
-            return
+            return None
+        if kind == _GATHER:
+            if self._state == _FAILED:
+                self._observed = True
+            gather: _Gather = target
+            return gather.one_done(self, depth + 1)
         # Every other kind completes a StateFuture: typed, a compiled build calls it directly.
         chained: StateFuture[Any] = target
         if self._state == _FAILED:
             self._observed = True
-            chained._fail(self._exception)  # type: ignore[arg-type]
-            return
+            return chained._fail_at(self._exception, depth + 1)  # type: ignore[arg-type]
         value = self._result
         if kind == _FORWARD:
-            chained._complete(value)
-            return
+            return chained._complete_at(value, depth + 1)
         composed: StateFuture[Any] | None = None
         try:
             if kind == _APPLY:
@@ -188,23 +232,29 @@ class StateFuture(Generic[T]):
                     raise _not_a_future(fn, inner)
                 composed = inner
         except Exception as exc:  # noqa: BLE001 - a callback failure fails the chain
-            chained._fail(exc)
-            return
+            return chained._fail_at(exc, depth + 1)
         # Outside the try: an error while completing `chained` is not the callback's.
         if composed is not None:
-            composed._forward_to(chained)
-        else:
-            chained._complete(result)
+            return composed._forward_to(chained, depth + 1)
+        return chained._complete_at(result, depth + 1)
 
-    def _forward_to(self, target: StateFuture[Any]) -> None:
+    def _forward_to(self, target: StateFuture[Any],
+                    depth: int = 0) -> list[StateFuture[Any]] | None:
+        """Complete `target` like this future, now or once this one completes. Inside a
+        completion (`depth` > 0) returns what `_complete_at` deferred; at depth 0 runs it."""
         state = self._state
         if state == _PENDING:
             self._add(_FORWARD, None, target)
-        elif state == _DONE:
-            target._complete(self._result)
+            return None
+        if state == _DONE:
+            deferred = target._complete_at(self._result, depth)
         else:
             self._observed = True
-            target._fail(self._exception)  # type: ignore[arg-type]
+            deferred = target._fail_at(self._exception, depth)  # type: ignore[arg-type]
+        if depth == 0 and deferred is not None:
+            _run_deferred(deferred)
+            return None
+        return deferred
 
     def _add(self, kind: int, fn: Any, target: Any) -> None:
         if self._cb_kind is None:
@@ -420,6 +470,16 @@ class StateFuture(Generic[T]):
 _RUN_CALLBACKS: Final = StateFuture._run_callbacks
 
 
+def _run_deferred(deferred: list[StateFuture[Any]]) -> None:
+    """Finish the futures a completion deferred, and those they defer in turn, in order,
+    one link deep each: the outermost completion's loop that keeps the stack bounded."""
+    queue = deque(deferred)
+    while queue:
+        further = queue.popleft()._finish_at(1)
+        if further is not None:
+            queue.extend(further)
+
+
 def _not_a_future(fn: Any, got: object) -> TypeError:
     name = getattr(fn, "__qualname__", repr(fn))
     return TypeError(f"then_compose() callback {name} must return a StateFuture, "
@@ -482,20 +542,33 @@ def combine_all(futures: Iterable[StateFuture[T]]) -> StateFuture[list[T]]:
             return failed_future(first_failed._exception)  # type: ignore[arg-type]
         return completed_future([f._result for f in items])
     result: StateFuture[list[Any]] = StateFuture(pending[0]._ctx)
-    remaining = [len(pending)]
-
-    def one_done(fut: StateFuture[Any]) -> None:
-        if result._state != _PENDING:
-            return
-        if fut._state == _FAILED:
-            result._fail(fut._exception)  # type: ignore[arg-type]
-            return
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            result._complete([f._result for f in items])
-
+    gather = _Gather(items, len(pending), result)
     for f in pending:  # also after a failure: their own failures are looked at too
-        f._add(_CALL, one_done, None)
+        f._add(_GATHER, None, gather)
     if first_failed is not None:
         result._fail(first_failed._exception)  # type: ignore[arg-type]
     return result
+
+
+class _Gather:
+    """The state of one `combine_all`: its inputs, how many are pending, and its result."""
+
+    __slots__ = ("items", "remaining", "result")
+
+    def __init__(self, items: list[StateFuture[Any]], remaining: int,
+                 result: StateFuture[list[Any]]) -> None:
+        self.items = items
+        self.remaining = remaining
+        self.result = result
+
+    def one_done(self, fut: StateFuture[Any], depth: int) -> list[StateFuture[Any]] | None:
+        """Input `fut` completed, inside a completion `depth` links deep (see _finish_at)."""
+        result = self.result
+        if result._state != _PENDING:
+            return None
+        if fut._state == _FAILED:
+            return result._fail_at(fut._exception, depth)  # type: ignore[arg-type]
+        self.remaining -= 1
+        if self.remaining == 0:
+            return result._complete_at([f._result for f in self.items], depth)
+        return None

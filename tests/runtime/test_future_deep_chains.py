@@ -1,0 +1,236 @@
+"""Chains of callbacks of any length complete in bounded stack.
+
+Completing a future runs its callbacks, which complete the futures they return, and so on:
+past a fixed number of links the rest of the chain is finished by the outermost completion
+(`StateFuture._finish_at`). These tests build chains far longer than the interpreter's stack
+(then_apply, failures, then_compose forwarding, combine_all, then_combine), in a record and
+outside one, and check results, order, record lifetime and stack depth. The longest chains
+run in a subprocess, so that a C stack overflow of the compiled build shows as a failed test
+rather than a crashed test run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+import asyncstate as ast
+from asyncstate.runtime.future import StateFuture
+
+N = 20_000
+
+
+def stack_depth() -> int:
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+class Limited:
+    """Run a completion with the recursion limit a few hundred frames above the caller's
+    (Python build: a chain that recursed per link would raise RecursionError)."""
+
+    def __enter__(self) -> Limited:
+        self.old = sys.getrecursionlimit()
+        sys.setrecursionlimit(stack_depth() + 300)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.setrecursionlimit(self.old)
+
+
+def test_a_long_then_apply_chain_completes_in_order_with_a_flat_stack() -> None:
+    head: StateFuture[int] = StateFuture()
+    seen: list[int] = []
+    depths: list[int] = []
+
+    def step(v: int) -> int:
+        seen.append(v)
+        depths.append(stack_depth())
+        return v + 1
+
+    fut: StateFuture[int] = head
+    for _ in range(N):
+        fut = fut.then_apply(step)
+    base = stack_depth()
+    with Limited():
+        head._complete(0)
+    assert fut.result() == N
+    assert seen == list(range(N))
+    assert max(depths) - base < 250
+
+
+def test_a_failure_travels_down_a_long_chain_skipping_every_callback() -> None:
+    head: StateFuture[int] = StateFuture()
+    called: list[int] = []
+    fut = head.then_apply(lambda v: 1 // v)
+    for _ in range(N):
+        fut = fut.then_apply(lambda v: called.append(v) or v)
+    with Limited():
+        head._complete(0)
+    assert called == []
+    assert isinstance(fut.exception(), ZeroDivisionError)
+
+
+def test_nested_then_compose_forwards_a_long_way_back() -> None:
+    # A loop written as recursion: each level composes the next one onto a future that is
+    # still pending, so the last completion forwards back through every level.
+    heads: list[StateFuture[int]] = [StateFuture() for _ in range(N)]
+
+    def level(i: int) -> StateFuture[int]:
+        if i == N - 1:
+            return heads[i].then_apply(lambda v: v * 2)
+        return heads[i].then_compose(lambda _: level(i + 1))
+
+    top = level(0)
+    with Limited():
+        for i, h in enumerate(heads):
+            h._complete(i)
+    assert top.result() == 2 * (N - 1)
+
+
+def test_nested_combine_all_and_then_combine_complete_a_long_way() -> None:
+    head: StateFuture[int] = StateFuture()
+    fut: StateFuture[Any] = head
+    for _ in range(N // 2):
+        fut = ast.combine_all([fut]).then_apply(lambda xs: xs[0] + 1)
+        fut = fut.then_combine(ast.completed_future(1), operator.add)
+    with Limited():
+        head._complete(0)
+    assert fut.result() == N
+
+
+def test_callbacks_of_one_future_run_in_registration_order_around_a_deep_chain() -> None:
+    # The second callback of the head may run before the tail of the first one's chain;
+    # each future's own callbacks still run in the order they were registered, and the
+    # whole chain is done when the completing call returns.
+    head: StateFuture[int] = StateFuture()
+    order: list[str] = []
+    deep: StateFuture[int] = head
+    for _ in range(200):
+        deep = deep.then_apply(lambda v: v + 1)
+    deep.then_accept(lambda v: order.append(f"deep end {v}"))
+    deep.then_accept(lambda v: order.append("deep end, second"))
+    head.then_accept(lambda v: order.append("head second"))
+    head._complete(0)
+    assert sorted(order) == ["deep end 200", "deep end, second", "head second"]
+    assert order.index("deep end 200") < order.index("deep end, second")
+    assert deep.done()
+
+
+class DeepCounter(ast.KeyedProcessFunction):
+    """A record is (key, links): the count goes through `links` then_apply steps on the
+    pending read before it is written and emitted."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    def process_element(self, value: Any, ctx: ast.Context) -> Any:
+        _key, links = value
+        fut = self.count.value().then_apply(lambda c: c or 0)
+        for _ in range(links):
+            fut = fut.then_apply(lambda c: c + 1)
+        return fut.then_compose(
+            lambda c: self.count.update(c).then_apply(lambda _: c)).then_accept(
+            lambda c: ctx.emit((ctx.current_key, c)))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["remote0", "rocksdb"])
+async def test_records_with_long_chains_keep_key_order_and_finish(backend: str,
+                                                                  tmp_path: Any) -> None:
+    store: Any = (ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
+                  if backend == "remote0" else ast.RocksDBBackend(tmp_path / "db"))
+    records = [("a", N), ("b", 3), ("a", N), ("b", N), ("a", 1)]
+    async with ast.KeyedOperator(DeepCounter(), key_selector=lambda r: r[0],
+                                 backend=store) as op:
+        for r in records:
+            await op.process(r)
+        async with asyncio.timeout(40):
+            await op.drain()
+        out = op.outputs()
+        assert op.metrics["in_flight"] == 0
+    assert [o for o in out if o[0] == "a"] == [("a", N), ("a", 2 * N), ("a", 2 * N + 1)]
+    assert [o for o in out if o[0] == "b"] == [("b", 3), ("b", N + 3)]
+
+
+class DeepFailure(ast.KeyedProcessFunction):
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    def process_element(self, value: Any, ctx: ast.Context) -> Any:
+        fut = self.count.value().then_apply(lambda c: {}["missing"])
+        for _ in range(N):
+            fut = fut.then_apply(lambda c: c)
+        return fut
+
+
+@pytest.mark.timeout(60)
+async def test_a_failure_at_the_head_of_a_long_chain_fails_the_run_with_its_own_error() -> None:
+    op = ast.KeyedOperator(DeepFailure(), key_selector=lambda r: r,
+                           backend=ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0))
+    with pytest.raises(KeyError, match="missing"):
+        async with op:
+            await op.process("k")
+            async with asyncio.timeout(40):
+                await op.drain()
+
+
+_LONG_CHAINS = textwrap.dedent("""
+    import operator, sys
+    import asyncstate as ast
+    from asyncstate.runtime.future import StateFuture
+
+    n = int(sys.argv[1])
+    results = []
+
+    head = StateFuture()
+    fut = head
+    for _ in range(n):
+        fut = fut.then_apply(lambda v: v + 1)
+    head._complete(0)
+    results.append(fut.result() == n)
+
+    head = StateFuture()
+    fut = head.then_apply(lambda v: 1 // v)
+    for _ in range(n):
+        fut = fut.then_accept(lambda v: None)
+    head._complete(0)
+    results.append(isinstance(fut.exception(), ZeroDivisionError))
+
+    heads = [StateFuture() for _ in range(n)]
+    def level(i):
+        if i == n - 1:
+            return heads[i].then_apply(lambda v: v)
+        return heads[i].then_compose(lambda _: level(i + 1))
+    top = level(0)
+    for i, h in enumerate(heads):
+        h._complete(i)
+    results.append(top.result() == n - 1)
+
+    head = StateFuture()
+    fut = head
+    for _ in range(n // 2):
+        fut = ast.combine_all([fut]).then_apply(lambda xs: xs[0] + 1)
+        fut = fut.then_combine(ast.completed_future(1), operator.add)
+    head._complete(0)
+    results.append(fut.result() == n)
+    print(results)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_chains_of_200000_links_complete_in_both_builds() -> None:
+    # The compiled build once overflowed the C stack here (a segfault, returncode -11).
+    proc = subprocess.run([sys.executable, "-c", _LONG_CHAINS, "200000"], capture_output=True,
+                          text=True, timeout=110, env=dict(os.environ))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.strip() == "[True, True, True, True]"
