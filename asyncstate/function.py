@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["KeyedProcessFunction", "RuntimeContext", "TimeDomain"]
 
 S = TypeVar("S", bound=InternalState)
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
 
 
 class TimeDomain(enum.Enum):
@@ -127,27 +132,27 @@ class RuntimeContext:
         self._states[descriptor.name] = state
         return state
 
-    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState[Any]:
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]:
         """The ValueState declared by `descriptor`."""
-        return cast(ValueState[Any], self._get(descriptor, ValueStateDescriptor))
+        return cast(ValueState[T], self._get(descriptor, ValueStateDescriptor))
 
-    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState[Any]:
+    def get_list_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]:
         """The ListState declared by `descriptor`."""
-        return cast(ListState[Any], self._get(descriptor, ListStateDescriptor))
+        return cast(ListState[T], self._get(descriptor, ListStateDescriptor))
 
-    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState[Any, Any]:
+    def get_map_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]:
         """The MapState declared by `descriptor`."""
-        return cast(MapState[Any, Any], self._get(descriptor, MapStateDescriptor))
+        return cast(MapState[K, V], self._get(descriptor, MapStateDescriptor))
 
-    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState[Any]:
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]:
         """The ReducingState declared by `descriptor`."""
-        return cast(ReducingState[Any], self._get(descriptor, ReducingStateDescriptor))
+        return cast(ReducingState[T], self._get(descriptor, ReducingStateDescriptor))
 
     def get_aggregating_state(
-        self, descriptor: AggregatingStateDescriptor
-    ) -> AggregatingState[Any, Any]:
+        self, descriptor: AggregatingStateDescriptor[IN, OUT]
+    ) -> AggregatingState[IN, OUT]:
         """The AggregatingState declared by `descriptor`."""
-        return cast(AggregatingState[Any, Any],
+        return cast(AggregatingState[IN, OUT],
                     self._get(descriptor, AggregatingStateDescriptor))
 
     @property

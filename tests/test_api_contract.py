@@ -562,6 +562,54 @@ def test_typing_operator_list_state_has_a_public_type(tmp_path: Path, mypy_cache
     assert result.returncode == 0, result.stdout
 
 
+def test_typing_descriptor_type_parameters_reach_the_declared_state(
+        tmp_path: Path, mypy_cache: Path) -> None:
+    result = _mypy("""
+        import asyncstate as ast
+
+        class Avg:
+            def create_accumulator(self) -> list[int]: return [0, 0]
+            def add(self, value: int, accumulator: list[int]) -> list[int]:
+                return [accumulator[0] + value, accumulator[1] + 1]
+            def get_result(self, accumulator: list[int]) -> float:
+                return accumulator[0] / accumulator[1]
+            def merge(self, a: list[int], b: list[int]) -> list[int]: return a
+
+        def add_ints(a: int, b: int) -> int: return a + b
+
+        class F(ast.KeyedProcessFunction):
+            def open(self, ctx: ast.RuntimeContext) -> None:
+                self.count = ctx.get_state(ast.ValueStateDescriptor[int]("count"))
+                self.hist = ctx.get_list_state(ast.ListStateDescriptor[str]("hist"))
+                self.seen = ctx.get_map_state(ast.MapStateDescriptor[str, float]("seen"))
+                self.total = ctx.get_reducing_state(
+                    ast.ReducingStateDescriptor("total", add_ints))
+                self.avg = ctx.get_aggregating_state(
+                    ast.AggregatingStateDescriptor("avg", Avg()))
+                self.loose = ctx.get_state(ast.ValueStateDescriptor("loose"))
+                reveal_type(self.count)
+                reveal_type(self.hist)
+                reveal_type(self.seen)
+                reveal_type(self.total)
+                reveal_type(self.avg)
+                reveal_type(self.loose)
+                self.count.update("not an int")
+                self.seen.put("k", "not a float")
+        """, tmp_path, mypy_cache)
+    revealed = [line.split('Revealed type is "')[1].rstrip('"').replace("builtins.", "")
+                for line in result.stdout.splitlines() if "Revealed type is" in line]
+    assert revealed == [
+        "asyncstate.state.value.ValueState[int]",
+        "asyncstate.state.list.ListState[str]",
+        "asyncstate.state.map.MapState[str, float]",
+        "asyncstate.state.merging.ReducingState[int]",
+        "asyncstate.state.merging.AggregatingState[int, float]",
+        "asyncstate.state.value.ValueState[Any]",
+    ], result.stdout
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 2 and all("[arg-type]" in e for e in errors), result.stdout
+
+
 def test_typing_duck_typed_aggregate_function(tmp_path: Path, mypy_cache: Path) -> None:
     result = _mypy("""
         import asyncstate as ast

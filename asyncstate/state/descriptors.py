@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from asyncstate.config import check_state_name
 from asyncstate.errors import ConfigError
@@ -24,6 +24,25 @@ ACC = TypeVar("ACC")
 OUT = TypeVar("OUT")
 IN_contra = TypeVar("IN_contra", contravariant=True)
 OUT_co = TypeVar("OUT_co", covariant=True)
+
+# The type parameters of the descriptors default to Any (PEP 696), so that an unparametrized
+# `ValueStateDescriptor("count")` declares a `ValueState[Any]`, while
+# `ValueStateDescriptor[int]("count")` declares a `ValueState[int]`. Type checkers read the
+# defaults; at runtime (Python 3.11's TypeVar has no `default`) plain TypeVars serve.
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as _TypeVarWithDefault
+
+    T = _TypeVarWithDefault("T", default=Any)
+    K = _TypeVarWithDefault("K", default=Any)
+    V = _TypeVarWithDefault("V", default=Any)
+    IN_ = _TypeVarWithDefault("IN_", default=Any)
+    OUT_ = _TypeVarWithDefault("OUT_", default=Any)
+else:
+    T = TypeVar("T")
+    K = TypeVar("K")
+    V = TypeVar("V")
+    IN_ = TypeVar("IN_")
+    OUT_ = TypeVar("OUT_")
 
 
 class AggregateFunction(Generic[IN, ACC, OUT]):
@@ -82,30 +101,34 @@ class StateDescriptor:
         return f"{type(self).__name__}({self.name!r})"
 
 
-class ValueStateDescriptor(StateDescriptor):
-    """Declares a ValueState: one value per key and namespace."""
+class ValueStateDescriptor(StateDescriptor, Generic[T]):
+    """Declares a ValueState: one value per key and namespace. `ValueStateDescriptor[int]`
+    declares a `ValueState[int]` for type checkers."""
 
     kind = StateKind.VALUE
 
 
-class ListStateDescriptor(StateDescriptor):
-    """Declares a ListState: a list of values per key and namespace."""
+class ListStateDescriptor(StateDescriptor, Generic[T]):
+    """Declares a ListState: a list of values per key and namespace (`ListStateDescriptor[T]`:
+    a `ListState[T]`)."""
 
     kind = StateKind.LIST
 
 
-class MapStateDescriptor(StateDescriptor):
-    """Declares a MapState: a map of user keys to values per key and namespace."""
+class MapStateDescriptor(StateDescriptor, Generic[K, V]):
+    """Declares a MapState: a map of user keys to values per key and namespace
+    (`MapStateDescriptor[K, V]`: a `MapState[K, V]`)."""
 
     kind = StateKind.MAP
 
 
-class ReducingStateDescriptor(StateDescriptor):
-    """Declares a ReducingState folding added values with `reduce_fn(a, b)`."""
+class ReducingStateDescriptor(StateDescriptor, Generic[T]):
+    """Declares a ReducingState folding added values with `reduce_fn(a, b)`; its value type
+    is that of `reduce_fn`."""
 
     kind = StateKind.REDUCING
 
-    def __init__(self, name: str, reduce_fn: Callable[[Any, Any], Any], *,
+    def __init__(self, name: str, reduce_fn: Callable[[T, T], T], *,
                  ttl: Any = None) -> None:
         if not callable(reduce_fn):
             raise ConfigError("reduce_fn", reduce_fn, "a callable taking two values")
@@ -113,12 +136,13 @@ class ReducingStateDescriptor(StateDescriptor):
         self.reduce_fn = reduce_fn
 
 
-class AggregatingStateDescriptor(StateDescriptor):
-    """Declares an AggregatingState driven by an AggregateFunction."""
+class AggregatingStateDescriptor(StateDescriptor, Generic[IN_, OUT_]):
+    """Declares an AggregatingState driven by an AggregateFunction; its input and result
+    types are those of the function."""
 
     kind = StateKind.AGGREGATING
 
-    def __init__(self, name: str, aggregate_function: AggregateFunctionLike[Any, Any, Any], *,
+    def __init__(self, name: str, aggregate_function: AggregateFunctionLike[IN_, Any, OUT_], *,
                  ttl: Any = None) -> None:
         for method in ("create_accumulator", "add", "get_result"):
             if not callable(getattr(aggregate_function, method, None)):
