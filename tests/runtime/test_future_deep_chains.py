@@ -20,6 +20,8 @@ import textwrap
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import asyncstate as ast
 from asyncstate.runtime.future import StateFuture
@@ -234,3 +236,104 @@ def test_chains_of_200000_links_complete_in_both_builds() -> None:
                           text=True, timeout=110, env=dict(os.environ))
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.strip() == "[True, True, True, True]"
+
+
+# -- random graphs of futures against a model -------------------------------------------------
+
+class Fail(Exception):
+    def __init__(self, node: int) -> None:
+        super().__init__(node)
+        self.node = node
+
+
+@settings(deadline=None)
+@given(st.data())
+def test_random_graphs_of_futures_complete_like_a_model(data: st.DataObject) -> None:
+    """Futures built on one pending head by random combinators, usually on the newest one so
+    that chains grow far past the depth where completion defers; inner futures of
+    then_compose complete later, in a random order. Each future's outcome must equal the
+    model's: the value, or a failure raised by one of the nodes the model allows."""
+    n = data.draw(st.integers(1, 150), label="nodes")
+    futures: list[StateFuture[Any]] = [StateFuture()]
+    # model: ("ok", value) or ("fail", nodes whose failure it may carry)
+    model: list[tuple[str, Any]] = [("ok", 0)]
+    inners: list[tuple[StateFuture[int], int]] = []  # pending inner futures and their values
+    calls: dict[int, int] = {}
+
+    def ran(i: int) -> None:
+        calls[i] = calls.get(i, 0) + 1
+
+    def fails(*parents: int) -> tuple[str, Any] | None:
+        failed = [model[p] for p in parents if model[p][0] == "fail"]
+        if not failed:
+            return None
+        return ("fail", frozenset().union(*(m[1] for m in failed)))
+
+    for i in range(1, n + 1):
+        newest = data.draw(st.booleans(), label="on newest")
+        parent = i - 1 if newest else data.draw(st.integers(0, i - 1), label="parent")
+        op = data.draw(st.sampled_from(
+            ["apply", "raise", "compose_done", "compose_pending", "combine_all",
+             "then_combine", "accept"]), label="op")
+        base = futures[parent]
+        k = i
+        if op == "combine_all":
+            others = data.draw(st.lists(st.integers(0, i - 1), max_size=3), label="others")
+            inputs = [parent, *others]
+            fut: StateFuture[Any] = ast.combine_all([futures[j] for j in inputs]).then_apply(
+                lambda xs, i=i: ran(i) or sum(xs))
+            failed = fails(*inputs)
+            model.append(failed if failed is not None else (
+                "ok", sum(model[j][1] for j in inputs)))
+        elif op == "then_combine":
+            other = data.draw(st.integers(0, i - 1), label="other")
+            fut = base.then_combine(futures[other], lambda a, b, i=i: ran(i) or a + b)
+            first = fails(parent)
+            model.append(first if first is not None else fails(other) or (
+                "ok", model[parent][1] + model[other][1]))
+        else:
+            if op == "apply":
+                fut = base.then_apply(lambda v, k=k, i=i: ran(i) or v + k)
+            elif op == "accept":
+                fut = base.then_accept(lambda v, i=i: ran(i)).then_apply(lambda _: 0)
+            elif op == "raise":
+                def boom(v: int, i: int = i) -> int:
+                    ran(i)
+                    raise Fail(i)
+                fut = base.then_apply(boom)
+            elif op == "compose_done":
+                fut = base.then_compose(
+                    lambda v, k=k, i=i: ran(i) or ast.completed_future(v + k))
+            else:
+                def compose(v: int, k: int = k, i: int = i) -> StateFuture[int]:
+                    ran(i)
+                    inner: StateFuture[int] = StateFuture()
+                    inners.append((inner, v + k))
+                    return inner
+                fut = base.then_compose(compose)
+            failed = fails(parent)
+            if failed is not None:
+                model.append(failed)
+            elif op == "raise":
+                model.append(("fail", frozenset({i})))
+            elif op == "accept":
+                model.append(("ok", 0))
+            else:
+                model.append(("ok", model[parent][1] + k))
+        futures.append(fut)
+
+    futures[0]._complete(0)
+    while inners:
+        index = data.draw(st.integers(0, len(inners) - 1), label="inner to complete")
+        inner, value = inners.pop(index)
+        inner._complete(value)
+
+    for i, (fut, expected) in enumerate(zip(futures, model, strict=True)):
+        assert fut.done(), f"node {i} never completed"
+        if expected[0] == "ok":
+            assert fut.exception() is None, (i, fut.exception())
+            assert fut.result() == expected[1], (i, fut.result(), expected)
+        else:
+            exc = fut.exception()
+            assert isinstance(exc, Fail) and exc.node in expected[1], (i, exc, expected)
+    assert all(count == 1 for count in calls.values()), calls
