@@ -14,7 +14,8 @@ A future completes once. Invariants:
   current key are in force). Callbacks registered on a completed future run before the
   registering call returns.
 - A chain of callbacks of any length completes in bounded stack: past `_MAX_DEPTH` links,
-  the outermost completion finishes the rest (`_finish_at`, `_run_deferred`).
+  the outermost completion settles the rest (`_complete_at`, `_run_deferred`); a deferred
+  future stays pending until then, so a future that looks done has run its callbacks.
 - An exception raised by a callback completes the returned future exceptionally; a failure
   skips the callbacks down a chain and travels to its end. `BaseException`s that are not
   `Exception`s propagate and are never captured.
@@ -71,7 +72,7 @@ _SETTLED: Final = 6  # fn(), without counting as looking at a failure (internal 
 _GATHER: Final = 7  # target.one_done(future): one input of combine_all (target: a _Gather)
 
 # Links a completion runs down a chain of callbacks before it defers the rest to the
-# outermost completion (`StateFuture._finish_at`): each link takes a few interpreter frames
+# outermost completion (`StateFuture._complete_at`): each link takes a few interpreter frames
 # (Python build) or C frames (compiled build), so a chain of any length completes without
 # RecursionError or a C stack overflow.
 _MAX_DEPTH: Final = 32
@@ -96,6 +97,9 @@ class StateFuture(Generic[T]):
     _more: list[tuple[int, Any, Any]] | None = None
     _asyncio_future_blocking = False
     _observed = False
+    # _DONE or _FAILED while a completion deferred at `_MAX_DEPTH` waits to settle (the
+    # future still looks pending); 0 otherwise.
+    _settling = 0
     _ctx: RecordContext | None = None
 
     def __init__(self, ctx: RecordContext | None = None) -> None:
@@ -112,7 +116,7 @@ class StateFuture(Generic[T]):
     # -- completion (controller side) -----------------------------------------------------
 
     def _complete(self, value: Any) -> None:
-        if self._state != _PENDING:
+        if self._state != _PENDING or self._settling:
             raise InvalidStateError(f"{self!r} is already completed")
         self._result = value
         self._state = _DONE
@@ -126,34 +130,49 @@ class StateFuture(Generic[T]):
             _run_deferred(deferred)
 
     def _complete_at(self, value: Any, depth: int) -> list[StateFuture[Any]] | None:
-        """`_complete` inside a completion `depth` links deep: returns the futures whose
-        callbacks were deferred (see `_finish_at`) instead of running them."""
-        if self._state != _PENDING:
+        """`_complete` inside a completion `depth` links deep. At `_MAX_DEPTH`, a future with
+        callbacks is not completed yet: it stays pending, holding its outcome, and is
+        returned (in a list, with any others deferred further down) for the outermost
+        completion to settle (`_run_deferred`), so that a chain of any length completes in
+        bounded stack, and a future never looks done before its callbacks have run."""
+        if self._state != _PENDING or self._settling:
             raise InvalidStateError(f"{self!r} is already completed")
         self._result = value
+        if depth >= _MAX_DEPTH and self._cb_kind is not None:
+            self._settling = _DONE
+            return [self]
         self._state = _DONE
         return self._finish_at(depth)
 
     def _fail_at(self, exc: BaseException, depth: int) -> list[StateFuture[Any]] | None:
-        if self._state != _PENDING:
+        if self._state != _PENDING or self._settling:
             raise InvalidStateError(f"{self!r} is already completed")
         self._exception = exc
         self._exception_tb = exc.__traceback__
+        if depth >= _MAX_DEPTH and self._cb_kind is not None:
+            self._settling = _FAILED
+            return [self]
         self._state = _FAILED
         if self._cb_kind is None and self._ctx is not None:
             self._ctx.note_failure(self)
         return self._finish_at(depth)
 
+    def _settle(self) -> list[StateFuture[Any]] | None:
+        """Complete a future whose completion was deferred (see `_complete_at`), one link
+        deep; returns what its callbacks deferred in turn."""
+        state = self._settling
+        self._settling = 0
+        self._state = state
+        if state == _FAILED and self._cb_kind is None and self._ctx is not None:
+            self._ctx.note_failure(self)  # its callbacks were removed meanwhile
+        return self._finish_at(1)
+
     def _finish_at(self, depth: int) -> list[StateFuture[Any]] | None:
         """Run the callbacks and drop the record reference of a future just completed by a
-        completion `depth` links deep. At `_MAX_DEPTH` nothing runs: the future is returned
-        (in a list, with any others deferred further down) for the outermost completion to
-        finish (`_run_deferred`), so that a chain of any length completes in bounded stack."""
+        completion `depth` links deep; returns the futures whose completion was deferred."""
         ctx = self._ctx
         deferred: list[StateFuture[Any]] | None = None
         if self._cb_kind is not None:
-            if depth >= _MAX_DEPTH:
-                return [self]  # its reference on ctx is dropped when it finishes
             if ctx is None or ctx.entered or ctx.vars is None:
                 deferred = self._run_callbacks(depth)
             else:
@@ -179,13 +198,20 @@ class StateFuture(Generic[T]):
         self._cb_fn = self._cb_target = self._more = None
         deferred = self._dispatch(kind, fn, target, depth)
         if more is not None:
-            for entry in more:
-                further = self._dispatch(entry[0], entry[1], entry[2], depth)
-                if further is not None:
-                    if deferred is None:
-                        deferred = further
-                    else:
-                        deferred.extend(further)
+            try:
+                for entry in more:
+                    further = self._dispatch(entry[0], entry[1], entry[2], depth)
+                    if further is not None:
+                        if deferred is None:
+                            deferred = further
+                        else:
+                            deferred.extend(further)
+            except BaseException:
+                # A callback let a BaseException through (or an internal hook failed): the
+                # completions deferred by the callbacks before it still settle.
+                if deferred is not None:
+                    _run_deferred(deferred)
+                raise
         return deferred
 
     def _dispatch(self, kind: int, fn: Any, target: Any,
@@ -471,13 +497,18 @@ _RUN_CALLBACKS: Final = StateFuture._run_callbacks
 
 
 def _run_deferred(deferred: list[StateFuture[Any]]) -> None:
-    """Finish the futures a completion deferred, and those they defer in turn, in order,
-    one link deep each: the outermost completion's loop that keeps the stack bounded."""
+    """Settle the futures a completion deferred, and those they defer in turn, in order, one
+    link deep each: the outermost completion's loop that keeps the stack bounded. If one of
+    them lets a BaseException through, the rest still settle before it propagates."""
     queue = deque(deferred)
-    while queue:
-        further = queue.popleft()._finish_at(1)
-        if further is not None:
-            queue.extend(further)
+    try:
+        while queue:
+            further = queue.popleft()._settle()
+            if further is not None:
+                queue.extend(further)
+    finally:
+        if queue:
+            _run_deferred(list(queue))
 
 
 def _not_a_future(fn: Any, got: object) -> TypeError:

@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncstate as ast
+from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.future import StateFuture
 
 N = 20_000
@@ -111,9 +112,9 @@ def test_nested_combine_all_and_then_combine_complete_a_long_way() -> None:
 
 
 def test_callbacks_of_one_future_run_in_registration_order_around_a_deep_chain() -> None:
-    # The second callback of the head may run before the tail of the first one's chain;
-    # each future's own callbacks still run in the order they were registered, and the
-    # whole chain is done when the completing call returns.
+    # The head's second callback runs before the tail of its first one's chain (which is
+    # past the deferral depth); each future's own callbacks still run in the order they
+    # were registered, and the whole chain is done when the completing call returns.
     head: StateFuture[int] = StateFuture()
     order: list[str] = []
     deep: StateFuture[int] = head
@@ -123,9 +124,102 @@ def test_callbacks_of_one_future_run_in_registration_order_around_a_deep_chain()
     deep.then_accept(lambda v: order.append("deep end, second"))
     head.then_accept(lambda v: order.append("head second"))
     head._complete(0)
-    assert sorted(order) == ["deep end 200", "deep end, second", "head second"]
-    assert order.index("deep end 200") < order.index("deep end, second")
+    assert order == ["head second", "deep end 200", "deep end, second"]
     assert deep.done()
+
+
+@pytest.mark.parametrize("links", range(28, 38))
+def test_a_future_that_looks_done_has_run_its_callbacks(links: int) -> None:
+    # Around the deferral depth: a callback of the head registers on the end of a chain;
+    # it must run after the callback registered there first, and whenever the end looks
+    # done, its first callback must already have run.
+    head: StateFuture[int] = StateFuture()
+    order: list[str] = []
+    end: StateFuture[int] = head
+    for _ in range(links):
+        end = end.then_apply(lambda v: v + 1)
+    end.then_accept(lambda v: order.append("first"))
+
+    def look(_: int) -> None:
+        if end.done():
+            assert order == ["first"], "the end looks done before its callbacks ran"
+        end.then_accept(lambda v: order.append("second"))
+
+    head.then_accept(look)
+    head._complete(0)
+    assert order == ["first", "second"]
+    assert end.result() == links
+
+
+@pytest.mark.parametrize("links", [31, 32, 33])
+async def test_a_read_awaited_after_a_chained_write_sees_it(links: int) -> None:
+    # The write is chained to the end of a long chain on the first read; the record then
+    # awaits that end and reads again: the read must come after the write.
+    class ReadAfterChainedWrite(ast.KeyedProcessFunction):
+        def open(self, ctx: ast.RuntimeContext) -> None:
+            self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+        async def process_element(self, value: Any, ctx: ast.Context) -> None:
+            first = self.count.value()
+            end = first
+            for _ in range(links):
+                end = end.then_apply(lambda c: c)
+            written = end.then_compose(lambda c: self.count.update((c or 0) + 1))
+            await first
+            await end
+            ctx.emit(await self.count.value())
+            await written
+
+    out = await ast.KeyedOperator(
+        ReadAfterChainedWrite(), key_selector=lambda r: r,
+        backend=ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)).__aenter__()
+    try:
+        await out.process("k")
+        await out.process("k")
+        async with asyncio.timeout(20):
+            await out.drain()
+        assert out.outputs() == [1, 2]
+    finally:
+        await out.__aexit__(None, None, None)
+
+
+@pytest.mark.parametrize("links", [10, 40, 100])
+def test_a_base_exception_from_a_later_callback_still_settles_the_deep_chain(
+        links: int) -> None:
+    head: StateFuture[int] = StateFuture()
+    end: StateFuture[int] = head
+    for _ in range(links):
+        end = end.then_apply(lambda v: v + 1)
+
+    def stop(_: int) -> None:
+        raise SystemExit("stop")
+
+    head.then_accept(stop)
+    with pytest.raises(SystemExit):
+        head._complete(0)
+    assert end.result() == links
+
+
+@pytest.mark.parametrize("links", [10, 40, 100])
+def test_a_base_exception_leaves_no_deferred_future_holding_the_record(links: int) -> None:
+    # Deferred futures hold their record's reference until they settle. After a callback
+    # of the head lets a BaseException through, only the head (whose completion it
+    # interrupted) still holds one: every future of the chain has settled and let go.
+    ctx = RecordContext("record", "k", b"k", 0, None)
+    head: StateFuture[int] = StateFuture(ctx)
+    end: StateFuture[int] = head
+    for _ in range(links):
+        end = end.then_apply(lambda v: v + 1)
+    assert ctx.ref_count == links + 1
+
+    def stop(_: int) -> None:
+        raise KeyboardInterrupt
+
+    head.then_accept(stop)
+    with pytest.raises(KeyboardInterrupt):
+        head._complete(0)
+    assert end.result() == links
+    assert ctx.ref_count == 2  # the head, and the then_accept future that never completed
 
 
 class DeepCounter(ast.KeyedProcessFunction):
@@ -252,9 +346,11 @@ def test_random_graphs_of_futures_complete_like_a_model(data: st.DataObject) -> 
     """Futures built on one pending head by random combinators, usually on the newest one so
     that chains grow far past the depth where completion defers; inner futures of
     then_compose complete later, in a random order. Each future's outcome must equal the
-    model's: the value, or a failure raised by one of the nodes the model allows."""
+    model's: the value, or a failure raised by one of the nodes the model allows; and no
+    future may keep its record referenced."""
     n = data.draw(st.integers(1, 150), label="nodes")
-    futures: list[StateFuture[Any]] = [StateFuture()]
+    record = RecordContext("record", "k", b"k", 0, None)
+    futures: list[StateFuture[Any]] = [StateFuture(record)]
     # model: ("ok", value) or ("fail", nodes whose failure it may carry)
     model: list[tuple[str, Any]] = [("ok", 0)]
     inners: list[tuple[StateFuture[int], int]] = []  # pending inner futures and their values
@@ -337,3 +433,6 @@ def test_random_graphs_of_futures_complete_like_a_model(data: st.DataObject) -> 
             exc = fut.exception()
             assert isinstance(exc, Fail) and exc.node in expected[1], (i, exc, expected)
     assert all(count == 1 for count in calls.values()), calls
+    # every future bound to the record (the head and what was chained to it while it was
+    # pending) settled and let go of it
+    assert record.ref_count == 0
