@@ -595,8 +595,8 @@ class _Gather:
     def one_done(self, fut: StateFuture[Any], depth: int) -> list[StateFuture[Any]] | None:
         """Input `fut` completed, inside a completion `depth` links deep (see _finish_at)."""
         result = self.result
-        if result._state != _PENDING:
-            return None
+        if result._state != _PENDING or result._settling:
+            return None  # an earlier input failed it (its completion may still be deferred)
         if fut._state == _FAILED:
             return result._fail_at(fut._exception, depth)  # type: ignore[arg-type]
         self.remaining -= 1

@@ -151,6 +151,27 @@ def test_a_future_that_looks_done_has_run_its_callbacks(links: int) -> None:
     assert end.result() == links
 
 
+@pytest.mark.parametrize("links", range(28, 36))
+def test_combine_all_of_two_failing_deep_chains_fails_once_with_the_first(links: int) -> None:
+    # At one length, the first failure reaches the combined future exactly at the deferral
+    # depth, so its completion waits while the second failure arrives.
+    head: StateFuture[int] = StateFuture()
+
+    def failing_chain(tag: str) -> StateFuture[int]:
+        def boom(v: int) -> int:
+            raise ValueError(tag)
+        fut = head.then_apply(boom)
+        for _ in range(links - 1):
+            fut = fut.then_apply(lambda v: v)
+        return fut
+
+    first, second = failing_chain("first"), failing_chain("second")
+    combined = ast.combine_all([first, second]).then_apply(lambda xs: xs)
+    head._complete(0)
+    exc = combined.exception()
+    assert isinstance(exc, ValueError) and str(exc) == "first"
+
+
 @pytest.mark.parametrize("links", [31, 32, 33])
 async def test_a_read_awaited_after_a_chained_write_sees_it(links: int) -> None:
     # The write is chained to the end of a long chain on the first read; the record then
