@@ -24,6 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asyncstate as ast
+from asyncstate import _compiled
+from asyncstate.runtime import future as future_module
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.future import StateFuture
 
@@ -361,6 +363,7 @@ class Fail(Exception):
         self.node = node
 
 
+@pytest.mark.timeout(600)  # room for hypothesis to shrink a failure to a small graph
 @settings(deadline=None)
 @given(st.data())
 def test_random_graphs_of_futures_complete_like_a_model(data: st.DataObject) -> None:
@@ -369,7 +372,29 @@ def test_random_graphs_of_futures_complete_like_a_model(data: st.DataObject) -> 
     then_compose complete later, in a random order. Each future's outcome must equal the
     model's: the value, or a failure raised by one of the nodes the model allows; and no
     future may keep its record referenced."""
-    n = data.draw(st.integers(1, 150), label="nodes")
+    _check_random_graph(data, 150)
+
+
+@pytest.mark.skipif(_compiled.mode() != "python",
+                    reason="the compiled build inlines the depth limit")
+@pytest.mark.timeout(600)
+@settings(deadline=None)
+@given(st.data())
+def test_random_graphs_of_futures_with_a_tiny_depth_limit(data: st.DataObject) -> None:
+    """The same with completions deferred after 1-4 links (the Python build reads the
+    limit at each completion), so that deferral meets every combinator, failures and
+    combine_all inputs arriving while a result waits to settle."""
+    limit = data.draw(st.integers(1, 4), label="depth limit")
+    saved = future_module._MAX_DEPTH
+    future_module._MAX_DEPTH = limit  # type: ignore[misc]
+    try:
+        _check_random_graph(data, 60)
+    finally:
+        future_module._MAX_DEPTH = saved  # type: ignore[misc]
+
+
+def _check_random_graph(data: st.DataObject, max_nodes: int) -> None:
+    n = data.draw(st.integers(1, max_nodes), label="nodes")
     record = RecordContext("record", "k", b"k", 0, None)
     futures: list[StateFuture[Any]] = [StateFuture(record)]
     # model: ("ok", value) or ("fail", nodes whose failure it may carry)
