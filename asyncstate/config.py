@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 from asyncstate.errors import ConfigError
+from asyncstate.runtime.requests import StateKind
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -18,7 +19,7 @@ __all__ = [
     "MAX_MAX_PARALLELISM",
     "MIN_AUTO_GC_THRESHOLD",
     "AsyncStateConfig",
-    "check_backend_state_name",
+    "check_backend_state",
     "check_state_name",
 ]
 
@@ -66,12 +67,16 @@ def check_state_name(name: object, option: str = "name") -> str:
     return name
 
 
-def check_backend_state_name(name: object) -> str:
-    """The check of a backend's `register_state`: TypeError unless `name` is a non-empty
-    plain str (descriptors hand over plain strs), ConfigError as `check_state_name`."""
+def check_backend_state(name: object, kind: object) -> tuple[str, StateKind]:
+    """The check of a backend's `register_state(name, kind)`: TypeError unless `name` is a
+    non-empty plain str (descriptors hand over plain strs) and `kind` a StateKind,
+    ConfigError as `check_state_name`."""
     if type(name) is not str or not name:
         raise TypeError(f"state name must be a non-empty str, got {name!r}")
-    return check_state_name(name, "state name")
+    checked = check_state_name(name, "state name")
+    if not isinstance(kind, StateKind):
+        raise TypeError(f"kind must be a StateKind, got {kind!r}")
+    return checked, kind
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,7 @@ import mmh3
 import msgpack
 
 from asyncstate.backends.base import ExecutorBinding
-from asyncstate.config import check_backend_state_name
+from asyncstate.config import check_backend_state
 from asyncstate.errors import InvalidStateError, KeyGroupError
 from asyncstate.keygroups import KeyGroupRange
 from asyncstate.runtime.requests import (
@@ -237,9 +237,7 @@ class HeapBackend:
 
     def register_state(self, name: object, kind: object) -> Table:
         # Typed as object, so that the compiled build raises these errors, not its own.
-        name = check_backend_state_name(name)
-        if not isinstance(kind, StateKind):
-            raise TypeError(f"kind must be a StateKind, got {kind!r}")
+        name, kind = check_backend_state(name, kind)
         known = self._kinds.get(name)
         if known is None:
             self._kinds[name] = kind

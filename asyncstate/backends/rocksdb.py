@@ -59,7 +59,7 @@ from asyncstate.backends.rocksdb_options import (
 )
 from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
 from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
-from asyncstate.config import check_backend_state_name, check_int
+from asyncstate.config import check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
@@ -249,9 +249,7 @@ class RocksDBBackend:
         registering the name again with another kind raises ValueError, even after the
         directory is reopened."""
         db = self._live_db()
-        name = check_backend_state_name(name)
-        if not isinstance(kind, StateKind):
-            raise TypeError(f"kind must be a StateKind, got {kind!r}")
+        name, kind = check_backend_state(name, kind)
         handle = self._handles.get(name)
         if handle is not None:
             if handle.kind is not kind:

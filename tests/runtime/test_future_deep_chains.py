@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from runtime_harness import stack_depth
 
 import asyncstate as ast
 from asyncstate import _compiled
@@ -30,13 +31,6 @@ from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.future import StateFuture
 
 N = 20_000
-
-
-def stack_depth() -> int:
-    frame, depth = sys._getframe(), 0
-    while frame is not None:
-        frame, depth = frame.f_back, depth + 1
-    return depth
 
 
 class Limited:
