@@ -594,7 +594,7 @@ class RocksDBBackend:
         """Drop every state the directory holds, as a restore does before loading a
         checkpoint: each state's column family, its stored kind and the list sequence go, so
         the database is as fresh. Returns the names of the dropped states (empty when there
-        was nothing to drop). Only before the first batch: a backend with batches under way
+        was nothing to drop). Only while no batch is under way: a backend with batches under way
         raises InvalidStateError."""
         db = self._live_db()
         if self._lane:
