@@ -28,7 +28,8 @@ import msgpack
 
 from asyncstate.checkpoint.reader import Checkpoint
 from asyncstate.config import check_int
-from asyncstate.errors import CheckpointError
+from asyncstate.errors import CheckpointError, SerializationError
+from asyncstate.serde import decode_value
 
 __all__ = [
     "RestoredExtras",
@@ -100,11 +101,13 @@ def read_operator_extras(checkpoint: Checkpoint) -> RestoredExtras:
 
 
 def _one_value(item: object) -> bool:
+    """True if `item` is the msgpack bytes of exactly one value, as the state decodes it
+    (`serde.decode_value`: dicts may have tuple keys)."""
     if type(item) is not bytes:
         return False
     try:
-        msgpack.unpackb(item, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.UnpackException):
+        decode_value(item)
+    except (ValueError, TypeError, msgpack.UnpackException, SerializationError):
         return False
     return True
 

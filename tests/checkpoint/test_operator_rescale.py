@@ -151,3 +151,51 @@ def test_random_rescale_chains_equal_the_model(tmp_path_factory: Any, keys: int,
                                                seed: int, chain: list[int]) -> None:
     tmp = tmp_path_factory.mktemp("rescale")
     asyncio.run(_rescale_chain(_records(n, keys, seed), chain, tmp, _heap))
+
+
+class Holder(ast.KeyedProcessFunction):
+    """Only operator state: one even-split and one union list state."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.split = ctx.get_operator_list_state("split")
+        self.union = ctx.get_union_list_state("union")
+
+    async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+        pass
+
+
+ELEMENTS: list[Any] = [
+    {(1, 2): 3, (4, (5, 6)): [7]},  # dict with tuple keys (nested too): API.md allows them
+    {1: "a", 2.5: None, None: (8, 9)},
+    [(1, 2), {"k": (3,)}],
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("new_parallelism", [1, 2, 3])
+async def test_operator_state_values_restore_as_keyed_state_values_do(
+        tmp_path: Any, new_parallelism: int) -> None:
+    """Operator list state elements follow the value rules of keyed state: every value the
+    snapshot accepts restores (tuples back as lists, tuple map keys kept)."""
+    config = ast.AsyncStateConfig(max_parallelism=MAX_P)
+    fn = Holder()
+    async with ast.KeyedOperator(fn, key_selector=lambda r: r, backend=ast.HeapBackend(),
+                                 config=config, parallelism=2, operator_index=0) as op:
+        for element in ELEMENTS:
+            await fn.split.add(element)
+            await fn.union.add(element)
+        path = await op.snapshot(str(tmp_path), 1)
+    async with ast.KeyedOperator(Holder(), key_selector=lambda r: r, backend=ast.HeapBackend(),
+                                 config=config, parallelism=2, operator_index=1) as op:
+        assert await op.snapshot(str(tmp_path), 1) == path
+    expected = [{(1, 2): 3, (4, (5, 6)): [7]}, {1: "a", 2.5: None, None: [8, 9]},
+                [[1, 2], {"k": [3]}]]
+    got_split: list[Any] = []
+    for index in range(new_parallelism):
+        fn = Holder()
+        async with ast.KeyedOperator(fn, key_selector=lambda r: r, backend=ast.HeapBackend(),
+                                     config=config, parallelism=new_parallelism,
+                                     operator_index=index, restore_from=path):
+            got_split.extend(await (await fn.split.get()).to_list())
+            assert await (await fn.union.get()).to_list() == expected
+    assert sorted(map(repr, got_split)) == sorted(map(repr, expected))
