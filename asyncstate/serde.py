@@ -30,6 +30,7 @@ __all__ = [
     "NONE_BYTES",
     "Packed",
     "canonical_key",
+    "check_value_bytes",
     "decode_key",
     "decode_ordered_i64",
     "decode_value",
@@ -162,6 +163,23 @@ def decode_value(data: bytes) -> Any:
         raise SerializationError(
             "a stored value cannot be read back: it is nested more than 1024 levels deep, "
             "the most msgpack decodes", type_name="bytes") from None
+
+
+def check_value_bytes(data: bytes) -> None:
+    """Raise ValueError (TypeError for a non-bytes `data`) unless `data` is the msgpack
+    bytes of exactly one value that `decode_value` reads back. Restores check value bytes
+    they store undecoded, so damage shows at restore, naming the checkpoint file, not at a
+    later read."""
+    if type(data) is not bytes:
+        raise TypeError(f"stored value bytes must be bytes, got {type(data).__name__}")
+    try:
+        decode_value(data)
+    except SerializationError as exc:
+        raise ValueError(str(exc)) from None
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        shown = data if len(data) <= 16 else data[:16] + b"..."
+        raise ValueError(f"stored value bytes {shown!r} are not the msgpack bytes of one value "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def _lists(obj: Any) -> Any:

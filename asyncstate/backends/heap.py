@@ -21,7 +21,14 @@ from asyncstate.runtime.requests import (
     StateRequest,
     StateRequestType,
 )
-from asyncstate.serde import NONE_BYTES, Packed, decode_key, decode_value, from_stored
+from asyncstate.serde import (
+    NONE_BYTES,
+    Packed,
+    check_value_bytes,
+    decode_key,
+    decode_value,
+    from_stored,
+)
 
 __all__ = ["HeapBackend"]
 
@@ -69,8 +76,18 @@ _ENCODE_CONTAINER: dict[StateKind, Callable[[Any, Callable[[Any], bytes]], Any]]
 
 def _from_bytes(data: bytes) -> Any:
     if data[0] in _PACKED_FIRST_BYTES:
-        return Packed(data)
-    return _unpackb(data)
+        return _checked_packed(data)
+    try:
+        return _unpackb(data)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        check_value_bytes(data)  # raises, naming the bytes
+        raise
+
+
+def _checked_packed(data: bytes) -> Packed:
+    """Restored container bytes, kept packed once they are known to decode."""
+    check_value_bytes(data)
+    return Packed(data)
 
 
 def _entry(item: tuple[bytes, Any]) -> tuple[Any, Any]:
@@ -222,9 +239,16 @@ class HeapBackend:
                 for _, key_bytes, ns, data in run:
                     table[_table_key(key_bytes, ns)] = {uk: _from_bytes(v) for uk, v in data}
             else:  # value, reducing, aggregating; _from_bytes inlined (hot loop)
-                for _, key_bytes, ns, data in run:
-                    table[_table_key(key_bytes, ns)] = (
-                        Packed(data) if data[0] in packed_first else unpackb(data))
+                data = None
+                try:
+                    for _, key_bytes, ns, data in run:
+                        table[_table_key(key_bytes, ns)] = (
+                            _checked_packed(data) if data[0] in packed_first
+                            else unpackb(data))
+                except (ValueError, TypeError, msgpack.UnpackException):
+                    if type(data) is bytes:
+                        check_value_bytes(data)  # raises, naming the bytes, if they are bad
+                    raise
 
     # -- StateExecutor ---------------------------------------------------------------------
 

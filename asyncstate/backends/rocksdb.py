@@ -63,7 +63,7 @@ from asyncstate.config import check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
-from asyncstate.serde import decode_key, decode_value
+from asyncstate.serde import check_value_bytes, decode_key, decode_value
 
 __all__ = [
     "DEFAULT_BLOCK_CACHE_BYTES",
@@ -546,6 +546,7 @@ class RocksDBBackend:
         # 2. Write through WriteBatches of bounded size.
         wb = rocksdict.WriteBatch(raw_mode=True)
         pack = _SEQ.pack
+        check = check_value_bytes  # stored undecoded: damage must show here, not at a read
         seq = self._list_seq
         pending = 0
         try:
@@ -566,10 +567,12 @@ class RocksDBBackend:
                         wb.delete_range(prefix, _prefix_end(prefix), cf)
                     if kind is StateKind.LIST:
                         for value in data:
+                            check(value)
                             wb.put(prefix + pack(seq), value, cf)
                             seq += 1
                     else:
                         for user_key, value in data:
+                            check(value)
                             wb.put(prefix + user_key, value, cf)
                     pending += len(data)
                 else:
@@ -577,6 +580,7 @@ class RocksDBBackend:
                         raise CheckpointError(
                             f"state {name!r} ({kind.value}) of key group {key_group} needs "
                             f"msgpack bytes, got {type(data).__name__}")
+                    check(data)
                     wb.put(prefix, data, cf)
                     pending += 1
                 if pending >= _RESTORE_BATCH_ENTRIES:

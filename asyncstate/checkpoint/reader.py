@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import stat
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, BinaryIO, NoReturn
@@ -36,8 +37,11 @@ from asyncstate.keygroups import KeyGroupRange, compute_key_group_range_for_oper
 
 __all__ = ["Checkpoint", "open_checkpoint"]
 
-_PART_RE = re.compile(r"part-([0-9]{1,5})-([0-9]{1,5})")
+# Canonical part names only (no leading zeros), so one part has one directory name.
+_PART_RE = re.compile(r"part-(0|[1-9][0-9]{0,4})-(0|[1-9][0-9]{0,4})")
 _CRC_MAX = 2**32
+_MAX_RECORDS = 2**32 - 1  # the most elements a msgpack array holds
+_MAX_MANIFEST_BYTES = 64 << 20
 
 
 def _ranges(key_groups: Iterable[int]) -> str:
@@ -75,13 +79,57 @@ class _ManifestReader:
             self.fail(f"has an invalid {field!r}: {value!r}")
         return value
 
-    def entry(self, obj: object, data_size: int) -> KeyGroupEntry:
+    def entry(self, obj: object, data_size: int, min_records: int = 1,
+              max_records: int = _MAX_RECORDS) -> KeyGroupEntry:
+        """An index entry: a non-empty byte range of the data file holding `records` whole
+        msgpack objects (each at least one byte)."""
         if not isinstance(obj, dict):
             self.fail(f"has an invalid index entry: {obj!r}")
         offset = self.get_int(obj, "offset", len(DATA_MAGIC))
-        size = self.get_int(obj, "size", 0, data_size - offset)
-        return KeyGroupEntry(offset, size, self.get_int(obj, "records"),
+        size = self.get_int(obj, "size", 1, data_size - offset)
+        records = self.get_int(obj, "records", min_records, min(size, max_records))
+        return KeyGroupEntry(offset, size, records,
                              self.get_int(obj, "crc32", 0, _CRC_MAX - 1))
+
+    def check_tiling(self, entries: list[KeyGroupEntry], data_size: int) -> None:
+        """The entries must cover the data file after its magic exactly: every byte belongs
+        to one key group or to the extra section, so no written records can be left out."""
+        end = len(DATA_MAGIC)
+        for e in sorted(entries):
+            if e.offset != end:
+                what = "overlap" if e.offset < end else "leave a gap"
+                self.fail(f"has index entries that {what} at byte {min(e.offset, end)} of its "
+                          "data file (the key groups and the extra section must cover it "
+                          "exactly)")
+            end = e.offset + e.size
+        if end != data_size:
+            self.fail(f"has index entries that end at byte {end}, but its data_size is "
+                      f"{data_size} (the key groups and the extra section must cover the data "
+                      "file exactly)")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (`json` would keep the last silently)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
+def _read_regular_file(path: str, limit: int) -> bytes:
+    """The bytes of `path`, which must be a regular file of at most `limit` bytes (a FIFO or
+    device would block or never end). OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path!r} is not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path!r} has {st.st_size} bytes, more than a manifest has "
+                          f"({limit})")
+        return f.read(limit + 1)
 
 
 def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: int) -> PartManifest:
@@ -91,8 +139,8 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
             f"checkpoint part {part_dir!r} resolves outside the checkpoint directory; "
             "refusing to follow it", path=part_dir)
     try:
-        with open(manifest_path, "rb") as f:
-            raw = json.loads(f.read())
+        raw = json.loads(_read_regular_file(manifest_path, _MAX_MANIFEST_BYTES),
+                         object_pairs_hook=_no_duplicate_keys)
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise CheckpointError(
             f"checkpoint manifest {manifest_path!r} cannot be read: {exc}",
@@ -102,7 +150,7 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
     if obj.get("format") != FORMAT_NAME:
         m.fail(f"is not an asyncstate checkpoint manifest (format {obj.get('format')!r})")
     version = obj.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         m.fail(f"has format version {version!r}; this asyncstate reads version "
                f"{FORMAT_VERSION} only")
     max_p = m.get_int(obj, "max_parallelism", 1, MAX_MAX_PARALLELISM)
@@ -113,7 +161,9 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
                f"{obj.get('operator_index')!r}, which do not match its directory "
                f"{part_name(parallelism, operator_index)} (max_parallelism {max_p})")
     kg_range = compute_key_group_range_for_operator_index(max_p, parallelism, operator_index)
-    if obj.get("key_group_range") != [kg_range.start, kg_range.end]:
+    claimed = obj.get("key_group_range")
+    if not isinstance(claimed, list) or [type(x) for x in claimed] != [int, int] \
+            or claimed != [kg_range.start, kg_range.end]:
         m.fail(f"claims key groups {obj.get('key_group_range')!r}, but operator "
                f"{operator_index} of {parallelism} owns {kg_range.start}..{kg_range.end}")
     states = obj.get("states")
@@ -140,14 +190,17 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
             m.fail(f"lists key group {kg} twice or outside its range "
                    f"{kg_range.start}..{kg_range.end}")
         key_groups[kg] = entry
-    extra_entry = m.entry(obj.get("extra"), data_size)
+    extra_entry = m.entry(obj.get("extra"), data_size, 1, 1)  # one msgpack map
+    m.check_tiling([*key_groups.values(), extra_entry], data_size)
     attempt = obj.get("attempt")
+    if type(attempt) is not str:
+        m.fail(f"has an invalid 'attempt': {attempt!r}")
     part = PartManifest(
         path=part_dir, format_version=FORMAT_VERSION, max_parallelism=max_p,
         parallelism=parallelism, operator_index=operator_index, key_group_range=kg_range,
         states=dict(states), data_file=str(data_file), data_size=data_size,
         key_groups=key_groups, extra_entry=extra_entry, extra={},
-        attempt=attempt if isinstance(attempt, str) else "")
+        attempt=attempt)
     return dataclasses.replace(part, extra=_read_extra(part))
 
 

@@ -24,7 +24,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import msgpack
 
@@ -86,7 +86,53 @@ class _Unencodable(Exception):
     """msgpack refused a record (its error is the cause)."""
 
 
-def _write_key_group(f: Any, packer: msgpack.Packer,
+def _io_error(pname: str, path: str, exc: OSError) -> CheckpointError:
+    return CheckpointError(f"checkpoint part {pname} cannot be written: {path!r}: {exc}",
+                           path=path)
+
+
+class _DataSink:
+    """The data file being written. Its OSErrors become CheckpointError naming the file; a
+    record source's own errors (raised while its records are read) pass through unchanged."""
+
+    __slots__ = ("_f", "path", "pname")
+
+    def __init__(self, path: str, pname: str) -> None:
+        self.path = path
+        self.pname = pname
+        try:
+            # closed by finish() or discard()
+            self._f: BinaryIO | None = open(path, "xb", buffering=_WRITE_BUFFER)  # noqa: SIM115
+        except OSError as exc:
+            raise _io_error(pname, path, exc) from exc
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._f.write(data)  # type: ignore[union-attr]
+        except OSError as exc:
+            raise _io_error(self.pname, self.path, exc) from exc
+
+    def finish(self) -> None:
+        """Flush, fsync and close the file."""
+        f = self._f
+        assert f is not None
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+            self._f = None
+            f.close()
+        except OSError as exc:
+            raise _io_error(self.pname, self.path, exc) from exc
+
+    def discard(self) -> None:
+        """Close the file after a failure, ignoring further I/O errors."""
+        f, self._f = self._f, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+
+
+def _write_key_group(f: _DataSink, packer: msgpack.Packer,
                      records: Iterable[Any]) -> tuple[int, int, int]:
     """Pack and write one key group's records; return (size, count, crc32)."""
     if type(records) is PackedRecords:
@@ -163,7 +209,10 @@ def write_part(
             f"extra of checkpoint part {part_dir!r} is encoded by msgpack but does not read "
             f"back: {exc}", path=part_dir) from exc
 
-    _makedirs_durable(part_dir)
+    try:
+        _makedirs_durable(part_dir)
+    except OSError as exc:
+        raise _io_error(pname, part_dir, exc) from exc
     attempt = uuid.uuid4().hex
     data_file = f"data-{attempt}.bin"
     data_path = os.path.join(part_dir, data_file)
@@ -171,43 +220,43 @@ def write_part(
     manifest_path = os.path.join(part_dir, MANIFEST_NAME)
     index: dict[int, KeyGroupEntry] = {}
     committed = False
+    sink: _DataSink | None = None
     try:
-        with open(data_path, "xb", buffering=_WRITE_BUFFER) as f:
-            f.write(DATA_MAGIC)
-            offset = len(DATA_MAGIC)
-            packer = msgpack.Packer(use_bin_type=True, autoreset=False)
-            for kg, records in key_groups:
-                if type(kg) is not int or kg not in kg_range:
-                    raise CheckpointError(
-                        f"key group {kg!r} is outside the key groups "
-                        f"{kg_range.start}..{kg_range.end} of checkpoint part {pname} "
-                        f"(max_parallelism {max_parallelism})", path=part_dir)
-                if kg in index:
-                    raise CheckpointError(
-                        f"key group {kg} given twice while writing checkpoint part {pname}",
-                        path=part_dir)
-                if type(records) is PackedRecords and records.num_records < (
-                        1 if records.data else 0):
-                    raise CheckpointError(
-                        f"key group {kg} of checkpoint part {pname}: PackedRecords of "
-                        f"{len(records.data)} bytes claims {records.num_records} records",
-                        path=part_dir)
-                try:
-                    size, count, crc = _write_key_group(f, packer, records)
-                except _Unencodable as exc:
-                    cause = exc.__cause__
-                    raise CheckpointError(
-                        f"a record of key group {kg} in checkpoint part {pname} cannot be "
-                        f"encoded with msgpack: {cause}", path=part_dir) from cause
-                if count:
-                    index[kg] = KeyGroupEntry(offset, size, count, crc)
-                    offset += size
-            extra_entry = KeyGroupEntry(offset, len(extra_bytes), 1, zlib.crc32(extra_bytes))
-            f.write(extra_bytes)
-            data_size = offset + len(extra_bytes)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(part_dir)
+        sink = f = _DataSink(data_path, pname)
+        f.write(DATA_MAGIC)
+        offset = len(DATA_MAGIC)
+        packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+        for kg, records in key_groups:
+            if type(kg) is not int or kg not in kg_range:
+                raise CheckpointError(
+                    f"key group {kg!r} is outside the key groups "
+                    f"{kg_range.start}..{kg_range.end} of checkpoint part {pname} "
+                    f"(max_parallelism {max_parallelism})", path=part_dir)
+            if kg in index:
+                raise CheckpointError(
+                    f"key group {kg} given twice while writing checkpoint part {pname}",
+                    path=part_dir)
+            if type(records) is PackedRecords and not (
+                    (1 if records.data else 0) <= records.num_records <= len(records.data)):
+                # Each msgpack object takes at least one byte.
+                raise CheckpointError(
+                    f"key group {kg} of checkpoint part {pname}: PackedRecords of "
+                    f"{len(records.data)} bytes claims {records.num_records} records",
+                    path=part_dir)
+            try:
+                size, count, crc = _write_key_group(f, packer, records)
+            except _Unencodable as exc:
+                cause = exc.__cause__
+                raise CheckpointError(
+                    f"a record of key group {kg} in checkpoint part {pname} cannot be "
+                    f"encoded with msgpack: {cause}", path=part_dir) from cause
+            if count:
+                index[kg] = KeyGroupEntry(offset, size, count, crc)
+                offset += size
+        extra_entry = KeyGroupEntry(offset, len(extra_bytes), 1, zlib.crc32(extra_bytes))
+        f.write(extra_bytes)
+        data_size = offset + len(extra_bytes)
+        f.finish()
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -225,15 +274,12 @@ def write_part(
             "key_groups": [
                 {"key_group": kg, **index[kg]._asdict()} for kg in sorted(index)],
         }
-        with open(tmp_path, "xb") as f:
-            f.write(json.dumps(manifest, indent=1).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        previous = _committed_data_file(manifest_path)
-        os.replace(tmp_path, manifest_path)
+        previous = _commit(part_dir, pname, tmp_path, manifest_path,
+                           json.dumps(manifest, indent=1).encode())
         committed = True
-        _fsync_dir(part_dir)
     finally:
+        if sink is not None:
+            sink.discard()
         if not committed:
             for leftover in (data_path, tmp_path):
                 with contextlib.suppress(OSError):
@@ -247,6 +293,28 @@ def write_part(
         parallelism=parallelism, operator_index=operator_index, key_group_range=kg_range,
         states=state_kinds, data_file=data_file, data_size=data_size, key_groups=index,
         extra_entry=extra_entry, extra=dict(extra or {}), attempt=attempt)
+
+
+def _commit(part_dir: str, pname: str, tmp_path: str, manifest_path: str,
+            manifest: bytes) -> str | None:
+    """Make the data file durable, write the manifest beside it and rename it into place
+    (the commit point). Returns the data file the replaced manifest named, if any."""
+    path = part_dir
+    try:
+        _fsync_dir(part_dir)
+        path = tmp_path
+        with open(tmp_path, "xb") as f:
+            f.write(manifest)
+            f.flush()
+            os.fsync(f.fileno())
+        previous = _committed_data_file(manifest_path)
+        path = manifest_path
+        os.replace(tmp_path, manifest_path)
+    except OSError as exc:
+        raise _io_error(pname, path, exc) from exc
+    with contextlib.suppress(OSError):  # committed: the rename is durable at the next sync
+        _fsync_dir(part_dir)
+    return previous
 
 
 def _committed_data_file(manifest_path: str) -> str | None:

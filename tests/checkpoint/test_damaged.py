@@ -264,6 +264,126 @@ async def test_manifest_without_a_key_group_index_list_is_refused(chk: Copy,
                                  path)
 
 
+def _entries(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's index entries (key groups, then the extra section), in file order."""
+    return sorted([*m["key_groups"], m["extra"]], key=lambda e: e["offset"])
+
+
+@pytest.mark.parametrize("change", ["drop-first", "drop-last", "drop-extra-end", "shift-one",
+                                    "grow-one", "swap-offsets-of-two"])
+async def test_index_that_does_not_cover_the_data_file_exactly_is_refused(
+        chk: Copy, change: str) -> None:
+    """Every byte after the magic belongs to one key group or to the extra section, so a
+    manifest that leaves out written records (which would restore as silently lost state)
+    or lets two entries share bytes is refused when the checkpoint is opened."""
+    m = chk.manifest()
+    assert len(m["key_groups"]) >= 2
+    if change == "drop-first":
+        del m["key_groups"][0]
+    elif change == "drop-last":
+        del m["key_groups"][-1]
+    elif change == "drop-extra-end":
+        m["data_size"] += 1  # the file is then one byte short too: refused either way
+    elif change == "shift-one":
+        m["key_groups"][1]["offset"] += 1
+        m["key_groups"][1]["size"] -= 1
+    elif change == "grow-one":
+        m["key_groups"][0]["size"] += 1
+    else:
+        a, b = m["key_groups"][0], m["key_groups"][1]
+        a["offset"], b["offset"] = b["offset"], a["offset"]
+    chk.save_manifest(m)
+    path = chk.manifest_path()
+    await assert_restore_refused(chk, rf"^checkpoint manifest {q(path)} has index entries "
+                                      r"that (overlap|leave a gap|end at byte)", path)
+
+
+async def test_index_covering_the_data_file_exactly_in_any_order_restores(chk: Copy) -> None:
+    # write_part writes key groups in the order it is given them: file order need not be
+    # key group order.
+    m = chk.manifest()
+    m["key_groups"].reverse()
+    chk.save_manifest(m)
+    assert await chk.restore() == {f"k{i}": (3, [i, -i, 100]) for i in range(KEYS)}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("size", 0), ("records", 0), ("records", "size+1"), ("records", 2**32),
+    ("records", 2**40), ("records", True), ("offset", 7.0 + 1), ("crc32", 2**32)])
+async def test_index_entry_with_an_impossible_number_is_refused(chk: Copy, field: str,
+                                                                value: Any) -> None:
+    m = chk.manifest()
+    entry = m["key_groups"][0]
+    entry[field] = entry["size"] + 1 if value == "size+1" else value
+    chk.save_manifest(m)
+    path = chk.manifest_path()
+    await assert_restore_refused(
+        chk, rf"^checkpoint manifest {q(path)} has an invalid {field!r}: ", path)
+
+
+@pytest.mark.parametrize("records", [0, 2])
+async def test_extra_entry_holding_other_than_one_map_is_refused(chk: Copy,
+                                                                 records: int) -> None:
+    m = chk.manifest()
+    m["extra"]["records"] = records
+    chk.save_manifest(m)
+    path = chk.manifest_path()
+    await assert_restore_refused(
+        chk, rf"^checkpoint manifest {q(path)} has an invalid 'records': {records}$", path)
+
+
+async def test_empty_extra_section_is_refused(chk: Copy) -> None:
+    chk.rewrite(extra=b"")
+    path = chk.manifest_path()
+    await assert_restore_refused(
+        chk, rf"^checkpoint manifest {q(path)} has an invalid 'size': 0$", path)
+
+
+@pytest.mark.parametrize("key", ["key_groups", "states", "data_file", "offset"])
+async def test_manifest_giving_a_key_twice_is_refused(chk: Copy, key: str) -> None:
+    """JSON parsers keep the last of two equal keys; a manifest is refused instead, since a
+    second "key_groups": [] would otherwise drop every key group silently."""
+    text = json.dumps(chk.manifest(), indent=1)
+    needle = f'"{key}": '
+    assert needle in text
+    text = text.replace(needle, f'"{key}": null, {needle}', 1)
+    chk.write_manifest_text(text)
+    path = chk.manifest_path()
+    await assert_restore_refused(
+        chk, rf"^checkpoint manifest {q(path)} cannot be read: the key {key!r} appears "
+             r"twice in one object$", path)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("format_version", True), ("format_version", 1.0), ("key_group_range", "floats"),
+    ("attempt", 5), ("attempt", None)])
+async def test_manifest_field_of_the_wrong_json_type_is_refused(chk: Copy, field: str,
+                                                                value: Any) -> None:
+    m = chk.manifest()
+    m[field] = [float(x) for x in m[field]] if value == "floats" else value
+    chk.save_manifest(m)
+    path = chk.manifest_path()
+    await assert_restore_refused(chk, rf"^checkpoint manifest {q(path)} ", path)
+
+
+@pytest.mark.timeout(30)
+async def test_manifest_that_is_a_fifo_is_refused_without_blocking(chk: Copy) -> None:
+    path = chk.manifest_path()
+    os.unlink(path)
+    os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    await assert_restore_refused(
+        chk, rf"^checkpoint manifest {q(path)} cannot be read: {q(path)} is not a regular "
+             r"file$", path)
+
+
+async def test_copy_of_a_part_under_a_non_canonical_name_is_not_a_part(chk: Copy) -> None:
+    """`part-02-1` is not the name `write_part` gives operator 1 of 2, so it is not read as
+    a second copy of that part (which would be refused as overlapping)."""
+    part = os.path.dirname(chk.manifest_path())
+    shutil.copytree(part, os.path.join(os.path.dirname(part), "part-02-1"))
+    assert await chk.restore() == {f"k{i}": (3, [i, -i, 100]) for i in range(KEYS)}
+
+
 # -- damaged data files, found when the checkpoint is opened ---------------------------------
 
 
@@ -278,7 +398,6 @@ async def test_data_file_with_bad_magic_is_refused(chk: Copy, magic: bytes) -> N
 
 
 @pytest.mark.parametrize("blob", [
-    pytest.param(b"", id="empty"),
     pytest.param(b"\xc1", id="reserved-byte"),
     pytest.param(b"\x82\xa1a\x01", id="incomplete"),
     pytest.param(_packed({}, {}), id="two-maps"),
@@ -335,7 +454,7 @@ def test_verify_of_a_data_file_that_vanished_after_open_is_refused(chk: Copy, ho
 
 
 @pytest.mark.parametrize("damage", [
-    pytest.param(lambda blob: b"\xc1", id="reserved-byte"),
+    pytest.param(lambda blob: b"\xc1" * len(blob), id="reserved-bytes"),
     pytest.param(lambda blob: blob + b"\xc1", id="reserved-byte-after-the-records"),
     pytest.param(lambda blob: b"\x81\x91\x01\x02" + blob, id="list-as-map-key"),
     pytest.param(lambda blob: b"\x91" * 2000 + b"\xc0" + blob, id="nested-too-deep"),
@@ -349,6 +468,39 @@ async def test_key_group_that_passes_its_checksum_but_cannot_be_decoded_is_refus
     path = chk.data_path()
     await assert_restore_refused(
         chk, rf"^key group {kg} of data file {q(path)} cannot be decoded: ", path)
+
+
+@pytest.mark.parametrize("bad", [
+    pytest.param(b"\xc1", id="reserved-byte"),
+    pytest.param(b"\x01\x02", id="two-ints"),
+    pytest.param(b"\xa2\xff\xfe", id="str-not-utf8"),
+    pytest.param(b"\x92\x01", id="incomplete-array"),
+    pytest.param(b"\x91\x01\xc1", id="array-then-junk"),
+    pytest.param(b"\x81\x80\x01", id="map-as-map-key"),
+])
+@pytest.mark.parametrize("state", ["count", "items"])
+async def test_value_bytes_that_pass_the_checksum_but_do_not_decode_are_refused(
+        chk: Copy, state: str, bad: bytes) -> None:
+    """Both backends check every value at restore (RocksDB stores them undecoded, the heap
+    keeps containers packed), so the damage names the file instead of failing a later
+    read."""
+    kg, _ = chk.first_key_group()
+    groups, _ = chk.payloads()
+    records = _records(groups[kg])
+    for i, record in enumerate(records):
+        if type(record) is list and len(record) == 4 and record[0] == state:
+            name, key, ns, data = record
+            records[i] = [name, key, ns, bad if state == "count" else [*data, bad]]
+            break
+    else:
+        raise AssertionError(f"no entry of {state!r} in key group {kg}")
+    chk.rewrite(key_groups={kg: _packed(*records)})
+    open_checkpoint(chk.path).verify()
+    path = chk.data_path()
+    await assert_restore_refused(
+        chk, rf"^key group {kg} of data file {q(path)}: malformed state entries \(ValueError: "
+             rf"stored value bytes {re.escape(repr(bad))} are not the msgpack bytes of one "
+             r"value \(", path)
 
 
 @pytest.mark.parametrize("change", ["drop-last", "add-one", "manifest-says-one-more"])
@@ -405,7 +557,8 @@ async def test_data_file_that_cannot_be_opened_at_open_is_refused(chk: Copy) -> 
         pytest.skip(f"directories on this file system have st_size {size}")
     m = chk.manifest()
     m.update(data_size=size, key_groups=[],
-             extra={"offset": len(DATA_MAGIC), "size": 0, "records": 1, "crc32": 0})
+             extra={"offset": len(DATA_MAGIC), "size": size - len(DATA_MAGIC), "records": 1,
+                    "crc32": 0})
     chk.save_manifest(m)
     await assert_restore_refused(chk, rf"^data file {q(path)} ", path)
 

@@ -279,8 +279,11 @@ def test_edge_checkpoint_ids_round_trip(tmp_path, good):
 def test_checkpoint_directory_that_is_a_file_fails_without_touching_it(tmp_path):
     chk = tmp_path / "chk-1"
     chk.write_bytes(b"not a directory")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(CheckpointError, match=r"^checkpoint part part-1-0 cannot be written: "
+                       ) as exc:
         write_attempt(str(chk), 0, 0)
+    assert isinstance(exc.value.__cause__, NotADirectoryError)
+    assert exc.value.path == os.path.join(str(chk), "part-1-0")
     assert chk.read_bytes() == b"not a directory"
     with pytest.raises(CheckpointError, match="does not exist or is not a directory"):
         open_checkpoint(chk)
@@ -292,8 +295,10 @@ def test_part_directory_that_is_a_file_fails_without_touching_it(tmp_path):
     part = os.path.join(chk, "part-1-0")
     with open(part, "wb") as f:
         f.write(b"x")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(CheckpointError, match=r"^checkpoint part part-1-0 cannot be written: "
+                       ) as exc:
         write_attempt(chk, 0, 0)
+    assert isinstance(exc.value.__cause__, NotADirectoryError)
     with open(part, "rb") as f:
         assert f.read() == b"x"
 
@@ -306,8 +311,9 @@ def test_checkpoint_directory_without_write_permission(tmp_path):
     part_dir = os.path.join(chk, "part-1-0")
     os.chmod(part_dir, 0o555)
     try:
-        with pytest.raises(PermissionError):
+        with pytest.raises(CheckpointError, match="cannot be written") as exc:
             write_attempt(chk, 0, 1)
+        assert isinstance(exc.value.__cause__, PermissionError)
     finally:
         os.chmod(part_dir, 0o755)
     assert read_consistent(chk) == (0, 0)
@@ -383,6 +389,42 @@ def test_exception_from_the_key_group_source_keeps_the_previous_part(tmp_path, e
     with pytest.raises(type(exc)):
         write_part(chk, parallelism=1, operator_index=0, max_parallelism=MAX_P, states={},
                    key_groups=groups())
+    assert part_files(part_dir) == before
+    assert read_consistent(chk) == (0, 0)
+
+
+_FILE_TOO_LARGE = textwrap.dedent("""
+    import os, resource, signal, sys
+    from asyncstate.checkpoint.format import write_part
+    from asyncstate.errors import CheckpointError
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, resource.RLIM_INFINITY))
+    try:
+        write_part(sys.argv[1], parallelism=1, operator_index=0, max_parallelism=8,
+                   states={}, key_groups=[(kg, [b"y" * 1000] * 100) for kg in range(8)],
+                   stale_after_s=0)
+    except CheckpointError as exc:
+        print(type(exc.__cause__).__name__, exc.__cause__.errno, exc.path)
+        print(exc)
+""")
+
+
+def test_write_failing_midway_is_a_checkpoint_error_naming_the_data_file(tmp_path):
+    """A data file that cannot grow (the file size limit stands in for a full disk): the
+    OSError becomes a CheckpointError naming the file, the previous part stays and the
+    failed attempt's file is removed."""
+    chk = checkpoint_path(tmp_path, 1)
+    write_attempt(chk, 0, 0)
+    part_dir = os.path.join(chk, "part-1-0")
+    before = part_files(part_dir)
+    out = subprocess.run([sys.executable, "-c", _FILE_TOO_LARGE, chk],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    first, message = out.splitlines()
+    cause, errno_, path = first.split(" ")
+    assert (cause, int(errno_)) == ("OSError", 27)  # EFBIG
+    assert os.path.dirname(path) == part_dir
+    assert re.fullmatch(r"data-[0-9a-f]{32}\.bin", os.path.basename(path))
+    assert message.startswith(f"checkpoint part part-1-0 cannot be written: {path!r}: ")
     assert part_files(part_dir) == before
     assert read_consistent(chk) == (0, 0)
 
