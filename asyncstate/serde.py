@@ -53,6 +53,25 @@ _StackError: Final = msgpack.StackError
 _packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
+# msgpack packs an empty container one level deeper than it unpacks: 1025 nested containers
+# pack, but only 1024 read back. Bytes that deep hold more than 1024 container headers, so
+# only encodings with that many header-like bytes are decoded to check (`_check_depth`).
+_MAX_DEPTH: Final = 1024
+_CONTAINER_HEADS: Final = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+
+
+def _too_deep(data: bytes) -> bool:
+    """True if `data` (msgpack that packed) is nested deeper than msgpack reads back."""
+    if len(data) <= _MAX_DEPTH or \
+            len(data) - len(data.translate(None, _CONTAINER_HEADS)) <= _MAX_DEPTH:
+        return False
+    try:
+        _unpackb(data, raw=True, strict_map_key=False, use_list=False)
+    except _StackError:
+        return True
+    return False
+
+
 def _describe(what: str, state_name: str | None) -> str:
     return what if state_name is None else f"{what} of state {state_name!r}"
 
@@ -88,16 +107,27 @@ def canonical_key(key: object, what: str = "key", state_name: str | None = None)
     if not (tp is int or tp is str or tp is bytes):  # the common scalars need no walk
         _check_key_parts(key, what, state_name)
     try:
-        return _packb(key)  # type: ignore[no-any-return]
+        data: bytes = _packb(key)
     except (OverflowError, UnicodeEncodeError, ValueError) as exc:
         raise SerializationError(
             f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): {exc}",
             state_name=state_name, type_name=tp.__name__) from None
+    if not (tp is int or tp is str or tp is bytes) and _too_deep(data):
+        raise SerializationError(
+            f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): it is nested "
+            f"more than {_MAX_DEPTH} levels deep, the most msgpack decodes",
+            state_name=state_name, type_name=tp.__name__)
+    return data
 
 
 def decode_key(data: bytes) -> Any:
     """Decode canonical key bytes (tuples come back as lists)."""
-    return _unpackb(data, raw=False, strict_map_key=False)
+    try:
+        return _unpackb(data, raw=False, strict_map_key=False)
+    except _StackError:
+        raise SerializationError(
+            f"a stored key cannot be read back: it is nested more than {_MAX_DEPTH} levels "
+            "deep, the most msgpack decodes", type_name="bytes") from None
 
 
 def to_stored(value: object, state_name: str) -> Any:
@@ -123,11 +153,17 @@ def to_stored(value: object, state_name: str) -> Any:
         else:
             return value
     try:
-        return Packed(_pack_value(value))
+        data = _pack_value(value)
     except (TypeError, OverflowError, UnicodeEncodeError, ValueError) as exc:
         raise SerializationError(
             f"value of state {state_name!r} cannot be encoded with msgpack "
             f"({tp.__name__}): {exc}", state_name=state_name, type_name=tp.__name__) from None
+    if _too_deep(data):
+        raise SerializationError(
+            f"value of state {state_name!r} cannot be encoded with msgpack ({tp.__name__}): "
+            f"it is nested more than {_MAX_DEPTH} levels deep, the most msgpack decodes",
+            state_name=state_name, type_name=tp.__name__)
+    return Packed(data)
 
 
 def _pack_value(value: object) -> bytes:

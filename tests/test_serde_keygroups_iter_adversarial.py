@@ -409,15 +409,42 @@ def test_bad_values_raise_serialization_error_naming_state_and_type(bad, type_na
     assert "my_state" in str(err) and type_name in str(err)
 
 
-def test_value_one_level_deeper_than_msgpack_reads_is_a_serialization_error_on_read():
+@pytest.mark.parametrize("leaf", [None, {}], ids=["empty-list", "empty-dict"])
+def test_value_or_key_one_level_deeper_than_msgpack_reads_is_refused_at_the_write(leaf):
     """msgpack packs an empty container at nesting level 1025 (its packer checks the limit
-    only when it descends into items) but reads at most 1024 levels. Such a value is
-    accepted at the write (checking every value's depth would cost every write); reading it
-    back is a SerializationError, never msgpack's own error."""
-    v = _deep_list(1024)  # 1025 nested arrays, the innermost empty
-    stored = serde.to_stored(v, "s")
+    only when it descends into items) but reads at most 1024 levels. Such a value or key is
+    refused at the call that writes it, naming the state, so it cannot poison the state."""
+    v = _deep_list(1024, leaf)  # 1025 nested containers, the innermost empty
+    with pytest.raises(SerializationError, match=r"^value of state 's' cannot be encoded "
+                       r"with msgpack \(list\): it is nested more than 1024 levels") as info:
+        serde.to_stored(v, "s")
+    assert (info.value.state_name, info.value.type_name) == ("s", "list")
+    if leaf is None:  # dicts cannot be keys
+        with pytest.raises(SerializationError, match=r"^map key of state 's' cannot be "
+                           r"encoded \(list\): it is nested more than 1024 levels"):
+            serde.canonical_key(v, "map key", "s")
+
+
+def test_stored_bytes_nested_too_deep_are_a_serialization_error_on_read():
+    """Bytes written by another program (or damaged) that nest too deep: reading them back
+    is a SerializationError, never msgpack's own error, for values and keys alike."""
+    data = b"\x91" * 1024 + b"\x90"
     with pytest.raises(SerializationError, match=r"nested more than 1024 levels"):
-        serde.from_stored(stored)
+        serde.decode_value(data)
+    with pytest.raises(SerializationError, match=r"nested more than 1024 levels"):
+        serde.decode_key(data)
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param([b"\x91" * 5000], id="bin-of-header-bytes"),
+    pytest.param(["\x1d" * 3000, list(range(2000))], id="many-small-arrays-bytes"),
+    pytest.param([[i] for i in range(3000)], id="3000-shallow-arrays"),
+    pytest.param({i: {} for i in range(3000)}, id="3000-empty-maps"),
+])
+def test_large_shallow_values_with_many_container_bytes_are_accepted(value):
+    """The depth check decodes only encodings holding more than 1024 container-header-like
+    bytes; those that are shallow pass it and read back unchanged."""
+    assert serde.from_stored(serde.to_stored(value, "s")) == value
 
 
 def test_deepest_key_accepted_decodes_or_is_refused_consistently_at_1023():

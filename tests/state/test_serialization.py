@@ -157,10 +157,18 @@ async def test_dict_with_int_and_tuple_keys_round_trips(sh):
 
 # -- unencodable values -------------------------------------------------------------------
 
+def _nested_too_deep() -> list:
+    """1025 nested lists, the innermost empty: msgpack packs it but reads 1024 levels."""
+    v: list = []
+    for _ in range(1024):
+        v = [v]
+    return v
+
+
 BAD_VALUES = [object(), 2**64, -(2**63) - 1, "\ud800", {1, 2}, [1, object()],
-              {"k": {1, 2}}, frozenset({1})]
+              {"k": {1, 2}}, frozenset({1}), _nested_too_deep()]
 BAD_IDS = ["object", "int-2**64", "int-below-min", "lone-surrogate", "set", "list-with-object",
-           "dict-with-set", "frozenset"]
+           "dict-with-set", "frozenset", "nested-one-level-too-deep"]
 
 
 def _write_calls(s, bad):
