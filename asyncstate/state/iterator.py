@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from asyncstate.runtime.future import StateFuture, combine_all, completed_future
+from asyncstate.runtime.future import StateFuture, combine_all, completed_future, failed_future
 from asyncstate.runtime.requests import IteratorChunk, StateRequestType
 
 if TYPE_CHECKING:
@@ -60,7 +60,10 @@ class StateIterator(Generic[T]):
               keep_all: bool) -> StateFuture[list[Any]]:
         it: StateIterator[T] = self
         while True:
-            _collect(it._items, fn, results, keep_all)
+            try:
+                _collect(it._items, fn, results, keep_all)
+            except Exception as exc:  # noqa: BLE001 - fn's failure fails the returned future
+                return failed_future(exc)
             if it._continuation is None:
                 return _gather(results)
             nxt = it._load_next()

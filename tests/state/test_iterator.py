@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import asyncstate as ast
 
 L = ast.ListStateDescriptor
@@ -193,3 +195,38 @@ async def test_chunk_size_one_and_exact_multiples(sh):
 
     out = await sh.run(sh.AsyncScript(l=L("l")), [("k", step)], iterator_chunk_size=1)
     assert out == [list(range(n)) for n in (1, 2, 3, 4, 6)]
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fail_at", [0, CHUNK - 1, CHUNK, 2 * CHUNK + 1, N - 1])
+async def test_on_next_fn_raising_fails_the_returned_future_never_the_call(sh, fail_at):
+    """Wherever fn raises (first chunk, a chunk loaded later, the last item), on_next
+    returns a future failed with that exception, on every backend and chunk size; the
+    items after it are not visited."""
+    seen = []
+
+    async def step(s, ctx):
+        def fn(item):
+            seen.append(item)
+            if item == fail_at:
+                raise Boom(item)
+            return item
+
+        await s.l.add_all(range(N))
+        it = await s.l.get()
+        try:
+            fut = it.on_next(fn)
+        except Boom:
+            ctx.emit("raised from on_next()")
+            return
+        try:
+            await fut
+        except Boom as exc:
+            ctx.emit(("failed", type(exc).__name__, exc.args))
+
+    out = await sh.run(sh.AsyncScript(l=L("l")), [("k", step)], iterator_chunk_size=CHUNK)
+    assert out == [("failed", "Boom", (fail_at,))]
+    assert seen == list(range(fail_at + 1))
