@@ -60,7 +60,7 @@ from asyncstate.backends.rocksdb_options import (
 from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
 from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
 from asyncstate.config import check_backend_state, check_int
-from asyncstate.errors import BackendError, CheckpointError, InvalidStateError
+from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
 from asyncstate.serde import check_value_bytes, decode_key, decode_value
@@ -115,6 +115,18 @@ def _translate_error(exc: BaseException, path: str) -> BackendError:
 
 # -- the backend ----------------------------------------------------------------------------
 
+def _directory(path: object) -> str:
+    """`path` as a non-empty str, else ConfigError: "" would open the current directory."""
+    try:
+        name = os.fspath(path)  # type: ignore[call-overload]
+    except TypeError:
+        name = None
+    if type(name) is not str or not name:
+        raise ConfigError("path", path, "a non-empty str or os.PathLike[str] naming the "
+                          "database directory")
+    return name
+
+
 class RocksDBBackend:
     """Keyed state in a RocksDB directory. `asyncstate.backends.rocksdb_layout` describes the
     layout, and this module's docstring how a batch runs.
@@ -139,7 +151,7 @@ class RocksDBBackend:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):
             raise TypeError(f"options must be a RocksDBOptions, got {type(options).__name__}")
-        self._path = os.path.abspath(os.fspath(path))
+        self._path = os.path.abspath(_directory(path))
         self._options = options
         self._io_parallelism = io_parallelism
         self._inline_read_keys = inline_read_keys

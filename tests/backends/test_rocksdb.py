@@ -619,6 +619,17 @@ def test_options_are_validated_and_converted(tmp_path):
         backend.register_state("v", StateKind.VALUE)
 
 
+@pytest.mark.parametrize("path", ["", b"db", 5, None, [], b""], ids=repr)
+def test_path_that_is_not_a_non_empty_str_is_refused_before_anything_is_created(
+        tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)  # "" would otherwise open the current directory as a database
+    with pytest.raises(ConfigError, match=r"^path must be a non-empty str or "
+                                          r"os\.PathLike\[str\] naming the database directory, "
+                                          rf"got {re.escape(repr(path))}$"):
+        RocksDBBackend(path)  # type: ignore[arg-type]
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize(("ratio", "expected"), [(None, ("0.020000", "true")),
                                                  (0.25, ("0.250000", "true")),
                                                  (0, ("0.000000", "false"))])
