@@ -363,6 +363,9 @@ class KeyedOperator:
         finally:
             del inbox[:done]
             self._inbox_posted = False
+            if inbox:  # an exception propagated (KeyboardInterrupt): the rest runs later
+                self._inbox_posted = True
+                self._controller.post(self._drain_inbox, None)  # type: ignore[union-attr]
 
     def _post_event(self, fn: Callable[[Any], None], arg: Any) -> None:
         assert self._controller is not None
@@ -392,7 +395,9 @@ class KeyedOperator:
         # Runs inside the record's contextvars context with a reference held on ctx.
         try:
             result = self._process_element(ctx.record, ctx)
-        except Exception as exc:  # noqa: BLE001 - user code failure fails the run
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - fails the run
+            # CancelledError from a plain function (or a callback it ran) is user code's
+            # too: it fails the run as it does from an async def.
             self._controller.fail(exc)  # type: ignore[union-attr]
             return
         if result is not None and not (type(result) is StateFuture and result._state == _DONE):

@@ -738,6 +738,11 @@ class Failing(ast.KeyedProcessFunction):
         if how == "unserializable-call":
             self.v.update({1, 2})
             return None
+        if how == "sync-cancelled":  # CancelledError is a BaseException, raised by user code
+            raise asyncio.CancelledError("plain process_element")
+        if how == "callback-cancelled":
+            return self.v.value().then_accept(
+                lambda v: _raise(asyncio.CancelledError("then_accept callback")))
         raise AssertionError(f"not a plain failure kind: {how}")
 
 
@@ -781,6 +786,8 @@ FAILURES = {
     "sync": (Failing, Boom),
     "unreturned-chain": (Failing, Boom),
     "unserializable-call": (Failing, ast.SerializationError),
+    "sync-cancelled": (Failing, asyncio.CancelledError),
+    "callback-cancelled": (Failing, asyncio.CancelledError),
     "async-before-await": (FailingAsync, Boom),
     "after-state-await": (FailingAsync, Boom),
     "after-real-await": (FailingAsync, Boom),

@@ -490,12 +490,26 @@ class AsyncExecutionController:
                         fn(arg)
                     except Exception as exc:  # noqa: BLE001 - fails the run, keeps draining
                         self.fail(exc)
+                    except asyncio.CancelledError as exc:
+                        # Raised by user code, not a cancellation of this loop callback:
+                        # it fails the run as an async def record's CancelledError does.
+                        self.fail(exc)
                 if self._waiters:
                     self._check_waiters()
                 if not pending:
                     break
         finally:
             self._running = False
+            if pending:
+                # KeyboardInterrupt or SystemExit propagates; what is left runs later, if
+                # the loop goes on, instead of waiting for the next post.
+                self._ensure_run_later()
+
+    def _ensure_run_later(self) -> None:
+        loop = _get_running_loop()
+        if loop is not None and not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._run_scheduled)
 
     # -- waiting ---------------------------------------------------------------------------
 

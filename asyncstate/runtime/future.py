@@ -196,22 +196,29 @@ class StateFuture(Generic[T]):
         assert kind is not None
         fn, target, more = self._cb_fn, self._cb_target, self._more
         self._cb_fn = self._cb_target = self._more = None
-        deferred = self._dispatch(kind, fn, target, depth)
-        if more is not None:
+        if more is None:
+            return self._dispatch(kind, fn, target, depth)
+        deferred: list[StateFuture[Any]] | None = None
+        escaped: BaseException | None = None
+        for entry in [(kind, fn, target), *more]:
             try:
-                for entry in more:
-                    further = self._dispatch(entry[0], entry[1], entry[2], depth)
-                    if further is not None:
-                        if deferred is None:
-                            deferred = further
-                        else:
-                            deferred.extend(further)
-            except BaseException:
-                # A callback let a BaseException through (or an internal hook failed): the
-                # completions deferred by the callbacks before it still settle.
-                if deferred is not None:
-                    _run_deferred(deferred)
-                raise
+                further = self._dispatch(entry[0], entry[1], entry[2], depth)
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the others ran
+                # A callback let a BaseException through: the other callbacks still run, so
+                # no future waiting on this one is left pending; the first such exception
+                # propagates once they have.
+                if escaped is None:
+                    escaped = exc
+                continue
+            if further is not None:
+                if deferred is None:
+                    deferred = further
+                else:
+                    deferred.extend(further)
+        if escaped is not None:
+            if deferred is not None:
+                _run_deferred(deferred)
+            raise escaped
         return deferred
 
     def _dispatch(self, kind: int, fn: Any, target: Any,

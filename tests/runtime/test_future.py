@@ -336,6 +336,33 @@ def test_base_exceptions_from_callbacks_propagate(already_done: bool,
         assert not result.done()  # never captured into the future
 
 
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
+@pytest.mark.parametrize("bad_at", [0, 1, 2])
+def test_callbacks_after_one_raising_a_base_exception_still_run(
+        exc_type: type[BaseException], bad_at: int) -> None:
+    """A BaseException from one callback propagates out of the completing call only after
+    the future's other callbacks ran, so no future chained on it stays pending forever."""
+    fut = pending()
+    seen: list[int] = []
+
+    def callback(i: int) -> Any:
+        def run(v: Any) -> Any:
+            seen.append(i)
+            if i == bad_at:
+                raise exc_type(f"callback {i}")
+            return v + i
+        return run
+
+    results = [fut.then_apply(callback(i)) for i in range(3)]
+    with pytest.raises(exc_type, match=f"^callback {bad_at}$"):
+        fut._complete(10)
+    assert seen == [0, 1, 2]
+    for i, result in enumerate(results):
+        assert result.done() is (i != bad_at)  # the raising one is never captured
+        if i != bad_at:
+            assert result.result() == 10 + i
+
+
 def test_base_exception_from_compose_propagates() -> None:
     def bad(_v: Any) -> Any:
         raise KeyboardInterrupt
