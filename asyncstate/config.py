@@ -35,6 +35,7 @@ DEFAULT_ITERATOR_CHUNK_SIZE = 1000
 # the work between two collections.
 DEFAULT_GC_THRESHOLD: Literal["auto"] = "auto"
 GC_THRESHOLD_PER_RECORD = 64
+MAX_GC_THRESHOLD = 2**31 - 1  # gc.set_threshold takes a C int
 MIN_AUTO_GC_THRESHOLD = 50_000
 MAX_MAX_PARALLELISM = 32768  # Flink's upper bound: key groups fit in two bytes.
 
@@ -111,13 +112,15 @@ class AsyncStateConfig:
         check_int("iterator_chunk_size", self.iterator_chunk_size, 1)
         threshold = self.gc_threshold
         if threshold is not None and threshold != "auto" and (
-                type(threshold) is not int or threshold < 1):
-            raise ConfigError("gc_threshold", threshold, 'an int >= 1, "auto" or None')
+                type(threshold) is not int or not 1 <= threshold <= MAX_GC_THRESHOLD):
+            raise ConfigError("gc_threshold", threshold,
+                              f'an int in [1, {MAX_GC_THRESHOLD}], "auto" or None')
 
     def resolved_gc_threshold(self) -> int | None:
         """The first GC threshold an operator with this config holds while open: the int
         given, None, or for "auto" max(MIN_AUTO_GC_THRESHOLD, GC_THRESHOLD_PER_RECORD *
-        max_in_flight) (384,000 with the default max_in_flight)."""
+        max_in_flight) (384,000 with the default max_in_flight), at most MAX_GC_THRESHOLD."""
         if self.gc_threshold == "auto":
-            return max(MIN_AUTO_GC_THRESHOLD, GC_THRESHOLD_PER_RECORD * self.max_in_flight)
+            return min(MAX_GC_THRESHOLD,
+                       max(MIN_AUTO_GC_THRESHOLD, GC_THRESHOLD_PER_RECORD * self.max_in_flight))
         return self.gc_threshold

@@ -40,7 +40,15 @@ def hold(threshold: int) -> None:
         if not _requests:
             _saved = gc.get_threshold()
         _requests.append(threshold)
-        _apply()
+        try:
+            _apply()
+        except BaseException:
+            # The collector refused it (not a C int): withdraw the request, so that it
+            # cannot break every later operator's hold.
+            _requests.remove(threshold)
+            if not _requests:
+                _saved = None
+            raise
 
 
 def release(threshold: int) -> None:

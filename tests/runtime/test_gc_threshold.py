@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 import asyncstate as ast
-from asyncstate.config import GC_THRESHOLD_PER_RECORD, MIN_AUTO_GC_THRESHOLD
+from asyncstate.config import GC_THRESHOLD_PER_RECORD, MAX_GC_THRESHOLD, MIN_AUTO_GC_THRESHOLD
 from asyncstate.runtime import gc_threshold
 
 
@@ -85,10 +85,10 @@ def test_run_restores_the_threshold_after_the_job() -> None:
     assert gc.get_threshold() == (700, 10, 10)
 
 
-@pytest.mark.parametrize("bad", [0, -5, True, 1.5, "50000", "AUTO", ""])
-def test_gc_threshold_must_be_a_positive_int_auto_or_none(bad: object) -> None:
-    with pytest.raises(ast.ConfigError, match=r'^gc_threshold must be an int >= 1, "auto" or '
-                                              r"None, got "):
+@pytest.mark.parametrize("bad", [0, -5, True, 1.5, "50000", "AUTO", "", 2**31, 10**30])
+def test_gc_threshold_must_be_a_c_int_above_0_auto_or_none(bad: object) -> None:
+    with pytest.raises(ast.ConfigError, match=r'^gc_threshold must be an int in '
+                                              r'\[1, 2147483647\], "auto" or None, got '):
         ast.AsyncStateConfig(gc_threshold=bad)  # type: ignore[arg-type]
 
 
@@ -97,11 +97,36 @@ def test_gc_threshold_must_be_a_positive_int_auto_or_none(bad: object) -> None:
     (100_000, 100_000 * GC_THRESHOLD_PER_RECORD),
     (1, MIN_AUTO_GC_THRESHOLD),
     (MIN_AUTO_GC_THRESHOLD // GC_THRESHOLD_PER_RECORD, MIN_AUTO_GC_THRESHOLD),
+    (MAX_GC_THRESHOLD // GC_THRESHOLD_PER_RECORD, MAX_GC_THRESHOLD // GC_THRESHOLD_PER_RECORD
+     * GC_THRESHOLD_PER_RECORD),
+    (MAX_GC_THRESHOLD // GC_THRESHOLD_PER_RECORD + 1, MAX_GC_THRESHOLD),  # capped
+    (10**30, MAX_GC_THRESHOLD),
 ])
 def test_auto_scales_with_max_in_flight_above_a_floor(max_in_flight: int, expected: int) -> None:
     config = ast.AsyncStateConfig(max_in_flight=max_in_flight)
     assert config.gc_threshold == "auto"
     assert config.resolved_gc_threshold() == expected
+
+
+def test_a_hold_the_collector_refuses_is_withdrawn() -> None:
+    """A threshold gc.set_threshold refuses raises from hold() and leaves nothing behind:
+    the next hold and release work as if it never happened."""
+    with pytest.raises(OverflowError):
+        gc_threshold.hold(2**40)
+    assert gc.get_threshold() == (700, 10, 10)
+    gc_threshold.hold(40_000)
+    assert gc.get_threshold() == (40_000, 10, 10)
+    gc_threshold.release(40_000)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+async def test_an_operator_with_the_largest_max_in_flight_opens_and_restores() -> None:
+    op = ast.KeyedOperator(Nothing(), key_selector=lambda r: r, backend=ast.HeapBackend(),
+                           config=ast.AsyncStateConfig(max_in_flight=10**30))
+    async with op:
+        assert gc.get_threshold() == (MAX_GC_THRESHOLD, 10, 10)
+        await op.process(1)
+    assert gc.get_threshold() == (700, 10, 10)
 
 
 def test_an_int_or_none_resolves_to_itself() -> None:
