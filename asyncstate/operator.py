@@ -326,13 +326,18 @@ class KeyedOperator:
     async def process(self, record: Any) -> None:
         """Admit one record, waiting while `max_in_flight` records are in flight.
 
-        Returns once the record is admitted, not once it is processed.
+        Returns once the record is admitted, not once it is processed. Called from inside
+        one of this operator's records, it admits at once, even beyond `max_in_flight`:
+        waiting there could wait for the calling record itself.
         """
         controller = self._ready()
         ctx = self._prepare(record)
         limit = self.config.max_in_flight
         # A loop: producers woken together re-check, so only as many as fit are admitted.
         while self._queued + controller._in_flight >= limit:
+            current = current_context()
+            if current is not None and current._owner is self and not current.finished:
+                break
             await self._wait_capacity(controller)
         self._admit(controller, ctx)
 

@@ -1105,3 +1105,41 @@ async def test_plain_function_writes_without_waiting_land(make_backend):
             await op.process(r)
         await op.drain()
         assert sorted(op.outputs()) == [(k, [k * 10, [k]]) for k in range(10)]
+
+
+class Spawner(ast.KeyedProcessFunction):
+    """Record (key, depth): counts the key, and below depth 3 feeds (key + 1, depth + 1)
+    back into its own operator from inside the record, before awaiting more state."""
+
+    def __init__(self):
+        self.op = None
+
+    def open(self, ctx):
+        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+    async def process_element(self, value, ctx):
+        key, depth = value
+        if depth < 3:
+            await self.op.process((key + 1, depth + 1))
+        n = (await self.v.value() or 0) + 1
+        await self.v.update(n)
+        ctx.emit((key, depth, n))
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("max_in_flight", [1, 2, 6])
+async def test_process_from_inside_a_record_admits_at_once_even_at_capacity(
+        make_backend, max_in_flight):
+    """Waiting for capacity inside a record could wait for that record itself (with
+    max_in_flight=1 it always would): such a call admits at once instead."""
+    fn = Spawner()
+    config = ast.AsyncStateConfig(max_in_flight=max_in_flight)
+    async with operator(fn, make_backend(), config=config) as op:
+        fn.op = op
+        for key in (0, 10):
+            await op.process((key, 0))
+        await op.drain()
+        out = op.outputs()
+        assert sorted(out) == sorted(
+            [(k + d, d, 1) for k in (0, 10) for d in range(4)])
+        assert op.metrics["records_in"] == op.metrics["records_done"] == 8
