@@ -151,7 +151,9 @@ class RocksDBBackend:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):
             raise TypeError(f"options must be a RocksDBOptions, got {type(options).__name__}")
-        self._path = os.path.abspath(_directory(path))
+        # The real path: RocksDB refuses a second open of a directory in this process by
+        # its path, so a symlink or another spelling must not get around it.
+        self._path = os.path.realpath(_directory(path))
         self._options = options
         self._io_parallelism = io_parallelism
         self._inline_read_keys = inline_read_keys
@@ -323,19 +325,37 @@ class RocksDBBackend:
             return
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._lane.clear()
-        # Column family objects keep RocksDB's LOCK even after Rdict.close(): drop every
-        # reference this backend handed out (states and iteration cursors hold handles).
+        if self._lane and self._binding is not None:
+            # Batches under way will never finish: fail them, on the loop thread (close()
+            # may run on another one), so that nothing waits for them.
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
+                self._binding.loop.call_soon_threadsafe(  # type: ignore[union-attr]
+                    self._abandon_lane)
+        self._drop_handles()
+        db, self._db = self._db, None  # closed even if its close fails: never again
+        try:
+            db.close()
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise _translate_error(exc, self._path) from None
+        log.debug("rocksdb.closed", path=self._path)
+
+    def _abandon_lane(self) -> None:
+        """Loop thread, after close(): deliver the failure of every batch still under way
+        (each once: a batch leaves the lane as it is delivered)."""
+        deliver = self._binding.deliver  # type: ignore[union-attr]
+        lane = self._lane
+        while lane:
+            job = lane.popleft()
+            deliver(job.batch, None, InvalidStateError(
+                f"RocksDBBackend {self._path!r} was closed while this batch was under way"))
+
+    def _drop_handles(self) -> None:
+        """Column family objects keep RocksDB's LOCK even after Rdict.close(): drop every
+        reference this backend handed out (states and iteration cursors hold handles)."""
         for handle in self._handles.values():
             handle.cf = None
             handle.cf_handle = None
         self._handles.clear()
-        try:
-            self._db.close()
-        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
-            raise _translate_error(exc, self._path) from None
-        self._db = None
-        log.debug("rocksdb.closed", path=self._path)
 
     # -- phase 1: plan (loop thread) -------------------------------------------------------
 
@@ -399,8 +419,13 @@ class RocksDBBackend:
         if idle:
             gate = job.gate = threading.Lock()
             gate.acquire()
-        for index, (handle, keys, _slots) in enumerate(parts):
-            self._pool.submit(self._read_part, job, index, handle, keys)
+        try:
+            for index, (handle, keys, _slots) in enumerate(parts):
+                self._pool.submit(self._read_part, job, index, handle, keys)
+        except RuntimeError:
+            # close() on another thread shut the pool down after execute_batch checked: the
+            # job stays in the lane, and the close fails it on the loop thread.
+            return
         if gate is not None:
             gate.acquire(timeout=_HANDOVER_SECONDS)
 
@@ -533,10 +558,13 @@ class RocksDBBackend:
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         loaded = []
-        for name, handle in sorted(self._handles.items()):
-            items = _scan_items(handle.cf, lower, upper)  # type: ignore[arg-type]
-            if items:
-                loaded.append((name, handle.kind, items))
+        try:
+            for name, handle in sorted(self._handles.items()):
+                items = _scan_items(handle.cf, lower, upper)  # type: ignore[arg-type]
+                if items:
+                    loaded.append((name, handle.kind, items))
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception (damage)
+            raise self._failure(exc) from None
         return _snapshot_entries(loaded)
 
     def restore_key_group(self, key_group: int,
@@ -552,9 +580,12 @@ class RocksDBBackend:
         # 1. Only a state that already holds data in this key group needs a list or map
         #    cleared before it is written: a fresh database takes no range tombstones.
         occupied = set()
-        for name, existing in handles.items():
-            if not _scan_is_empty(existing.cf, lower, upper):  # type: ignore[arg-type]
-                occupied.add(name)
+        try:
+            for name, existing in handles.items():
+                if not _scan_is_empty(existing.cf, lower, upper):  # type: ignore[arg-type]
+                    occupied.add(name)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception (damage)
+            raise self._failure(exc) from None
         # 2. Write through WriteBatches of bounded size.
         wb = rocksdict.WriteBatch(raw_mode=True)
         pack = _SEQ.pack
@@ -618,10 +649,14 @@ class RocksDBBackend:
                 f"RocksDBBackend {self._path!r} has batches under way; its state can only be "
                 "discarded before the first one")
         dropped = sorted(self._handles)
-        if not self._families and self._list_seq == 0 and _scan_is_empty(
-                db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
+        try:
+            fresh = not self._families and self._list_seq == 0 and _scan_is_empty(
+                db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX))
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception (damage)
+            raise self._failure(exc) from None
+        if fresh:
             return dropped
-        self._handles.clear()
+        self._drop_handles()  # handles handed out before no longer reach the dropped families
         try:
             for cf_name in sorted(self._families):
                 db.drop_column_family(cf_name)

@@ -234,7 +234,11 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                     else _prefix_end(prefix)
                 cursor = _Cursor(t, handle, prefix, None, upper)
             if wb is not None and touched.written.get(prefix) == segment:
-                steps.append(wb)  # this iteration must see the batch's writes so far
+                # This iteration must see the batch's writes so far. The list sequence goes
+                # with them: if the iteration fails, no element is left above the counter.
+                if job.list_seq != seq_start:
+                    wb.put(_SEQ_KEY, _pack_seq(job.list_seq))
+                steps.append(wb)
                 wb = None
                 segment += 1
             steps.append((i, cursor))

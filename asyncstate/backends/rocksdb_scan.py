@@ -10,6 +10,11 @@ this module is deliberately not in `asyncstate._compiled.COMPILED_MODULES`.
 
 No iterator outlives a call (a live iterator keeps RocksDB's LOCK after close), also when the
 scan fails: the iterator is dropped before the error leaves the frame.
+
+An iterator that meets damaged data (a block checksum mismatch) just stops, as if the range
+ended there; only its `status()` tells. Every scan asks it, so damage raises (rocksdict's
+bare Exception, which the backend reports as BackendError) instead of reading as fewer
+entries, or as none.
 """
 
 from __future__ import annotations
@@ -33,11 +38,25 @@ def _scan_items(cf: rocksdict.Rdict, lower: bytes, upper: bytes,
                 limit: int | None = None) -> list[tuple[bytes, bytes]]:
     """Up to `limit` (key, value) pairs of `cf` in [lower, upper), in key order."""
     read = _read_options(lower, upper)
-    items: Any = cf.items(from_key=lower, read_opt=read)
+    it: Any = cf.iter(read)
+    out: list[tuple[bytes, bytes]] = []
     try:
-        return list(items if limit is None else itertools.islice(items, limit))
+        it.seek(lower)
+        append, valid, key, value, advance = out.append, it.valid, it.key, it.value, it.next
+        try:
+            for _ in (itertools.repeat(None) if limit is None
+                      else itertools.repeat(None, limit)):
+                if not valid():
+                    break
+                append((key(), value()))
+                advance()
+            if not valid():
+                it.status()  # the scan ended: at the bound, or at damage, which raises here
+        finally:
+            del valid, key, value, advance  # bound methods hold the iterator too
+        return out
     finally:
-        del items, read
+        del it, read
 
 
 def _scan_is_empty(cf: rocksdict.Rdict, lower: bytes, upper: bytes) -> bool:
@@ -46,6 +65,9 @@ def _scan_is_empty(cf: rocksdict.Rdict, lower: bytes, upper: bytes) -> bool:
     it: Any = cf.iter(read)
     try:
         it.seek(lower)
-        return not it.valid()
+        if it.valid():
+            return False
+        it.status()  # not valid: an empty range, or damage, which raises here
+        return True
     finally:
         del it, read

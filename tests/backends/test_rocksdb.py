@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from typing import Any
 
 import msgpack
@@ -508,6 +509,33 @@ def test_opening_a_directory_twice_in_one_process_names_the_path(tmp_path):
         assert info.value.path == path
 
 
+@pytest.mark.parametrize("spelling", ["symlink", "dot", "trailing-slash", "proc-root"])
+def test_opening_a_directory_twice_under_another_spelling_is_refused(tmp_path, spelling):
+    """RocksDB refuses a second open in one process by path: the backend opens the real
+    path, so a symlink or another spelling of the directory is refused too (two backends
+    on one directory lose each other's state)."""
+    path = tmp_path / "db"
+    real = os.path.realpath(path)
+    if spelling == "symlink":
+        os.symlink(path, tmp_path / "link", target_is_directory=True)
+        other = str(tmp_path / "link")
+    elif spelling == "dot":
+        other = os.path.join(str(tmp_path), ".", "db")
+    elif spelling == "trailing-slash":
+        other = str(path) + "/"
+    else:
+        other = "/proc/self/root" + real
+    with RocksDBBackend(path) as first:
+        first.register_state("v", StateKind.VALUE)
+        if spelling == "symlink":
+            assert first.path == real
+        with pytest.raises(BackendError, match=rf"^RocksDB directory {re.escape(repr(real))} is "
+                                               r"already in use") as info:
+            RocksDBBackend(other)
+        assert info.value.path == real
+        assert first.registered_states() == {"v": StateKind.VALUE}
+
+
 def test_opening_a_directory_used_by_another_process_names_the_path(tmp_path):
     path = str(tmp_path / "db")
     script = textwrap.dedent(f"""
@@ -767,3 +795,93 @@ async def test_checkpoint_glue_moves_state_between_rocksdb_and_heap(tmp_path):
                          MAX_PARALLELISM)
         target = Harness(last, loop)
         assert await drained(target, reads, await target.run(reads)) == expected
+
+
+@pytest.mark.timeout(60)
+async def test_close_from_another_thread_fails_the_batches_under_way(tmp_path):
+    """close() on another thread (a shutdown hook) while batches wait for reads: each is
+    delivered once, failed, on the loop thread, so nothing waits for them forever."""
+    backend = RocksDBBackend(tmp_path / "db", io_parallelism=1, inline_read_keys=0)
+    harness = Harness(backend, asyncio.get_running_loop())
+    gate = threading.Event()
+    backend._pool.submit(gate.wait, 30)  # the one I/O thread is busy: the reads queue behind
+    pending = [harness.submit([harness.request(("v", T.VALUE_GET, None, k, None))])
+               for k in range(5)]
+    assert not any(f.done() for f in pending)
+    closer = threading.Thread(target=backend.close)
+    closer.start()
+    gate.set()
+    closer.join(30)  # the loop thread waits here: nothing is delivered before the close ends
+    assert not closer.is_alive()
+    for fut in pending:
+        with pytest.raises(InvalidStateError, match=r"was closed while this batch was under "
+                                                    r"way$"):
+            await asyncio.wait_for(fut, 10)
+    assert sorted(harness.delivery_order) == sorted(set(harness.delivery_order))
+    assert len(harness.delivery_order) == 5
+
+
+_CLOSE_WITH_A_FULL_DISK = textwrap.dedent("""
+    import os, resource, signal, sys
+    from asyncstate.backends.rocksdb import RocksDBBackend
+    from asyncstate.errors import BackendError
+    from asyncstate.runtime.requests import StateKind
+    path = sys.argv[1]
+    backend = RocksDBBackend(path)  # the WAL is off: close() flushes the memtable
+    handle = backend.register_state("v", StateKind.VALUE)
+    handle.cf[b"\\x00\\x00k"] = os.urandom(100_000)
+    del handle
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    for attempt in range(3):
+        try:
+            backend.close()
+            print("closed")
+        except BackendError as exc:
+            print("failed", exc.path)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+    RocksDBBackend(path).close()
+    print("reopened")
+""")
+
+
+def test_close_that_failed_is_not_retried_and_releases_the_directory(tmp_path):
+    """A close whose flush fails (the file size limit stands in for a full disk) raises
+    BackendError once; later closes do nothing (close() is idempotent) and the directory
+    can be opened again."""
+    path = str(tmp_path / "db")
+    out = subprocess.run([sys.executable, "-c", _CLOSE_WITH_A_FULL_DISK, path],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.splitlines() == [f"failed {path}", "closed", "closed", "reopened"]
+
+
+def test_discard_state_detaches_the_handles_it_handed_out(tmp_path):
+    path = tmp_path / "db"
+    backend = RocksDBBackend(path)
+    handle = backend.register_state("v", StateKind.VALUE)
+    assert backend.discard_state() == ["v"]
+    assert (handle.cf, handle.cf_handle) == (None, None)  # never a dropped column family
+    backend.close()
+    with RocksDBBackend(path) as reopened:  # the live handle does not hold the directory
+        assert reopened.registered_states() == {}
+    del handle
+
+
+async def test_a_list_iterated_after_an_append_in_one_batch_gets_the_counter_with_it(
+        tmp_path):
+    """The batch's writes are split before the iteration; each part carries the list
+    sequence, so a failure of the iteration leaves no element above the stored counter."""
+    with RocksDBBackend(tmp_path / "db") as backend:
+        harness = Harness(backend, asyncio.get_running_loop())
+        requests = [harness.request(op) for op in [("l", T.LIST_ADD, "a", 1, None),
+                                                   ("l", T.LIST_GET, None, 1, None),
+                                                   ("l", T.LIST_ADD, "b", 1, None)]]
+        job = backend._plan(requests)
+        first, (index, _cursor), last = job.steps
+        assert index == 1
+        assert (len(first), len(last)) == (2, 2)  # one element and the counter each
+        # The same requests through the backend: the iteration sees the first append only.
+        ops = [("l", T.LIST_ADD, "a", 2, None), ("l", T.LIST_GET, None, 2, None),
+               ("l", T.LIST_ADD, "b", 2, None)]
+        added, chunk, added_too = await harness.run(ops)
+        assert (added, chunk.items, chunk.continuation, added_too) == (None, ["a"], None, None)

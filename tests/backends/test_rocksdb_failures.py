@@ -23,6 +23,7 @@ from asyncstate.backends.rocksdb import (
     RocksDBBackend,
 )
 from asyncstate.backends.rocksdb_layout import _KIND_PREFIX, _SEQ_KEY
+from asyncstate.checkpoint.format import open_checkpoint
 from asyncstate.errors import BackendError, InvalidStateError
 from asyncstate.runtime.requests import StateKind, StateRequestType
 from asyncstate.serde import canonical_key
@@ -150,6 +151,90 @@ async def test_corrupted_block_fails_the_operator_run_promptly(tmp_path):
     # The error (and its traceback) is still alive here: it must not hold the directory.
     with RocksDBBackend(path) as reopened:
         assert reopened.registered_states()["v"] is StateKind.VALUE
+
+
+class FillCollections(ast.KeyedProcessFunction):
+    """Per key: 3,000 list elements and 3,000 map entries of seeded, incompressible bytes."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.items = ctx.get_list_state(ast.ListStateDescriptor("items"))
+        self.tags = ctx.get_map_state(ast.MapStateDescriptor("tags"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        rng = random.Random(value)
+        await self.items.add_all([rng.randbytes(200) for _ in range(3000)])
+        await self.tags.put_all({i: rng.randbytes(200) for i in range(3000)})
+
+
+class ReadCollections(FillCollections):
+    """Emits what record (key, how) reads: the whole list, the map's keys, or is_empty."""
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        how = value[1]
+        if how == "list":
+            ctx.emit(len(await (await self.items.get()).to_list()))
+        elif how == "map-keys":
+            ctx.emit(len(await (await self.tags.keys()).to_list()))
+        else:
+            ctx.emit(await self.tags.is_empty())
+
+
+async def corrupt_collections(path: Path, keys: range) -> None:
+    """FillCollections for `keys` in a new database at `path` (closing it flushes the data
+    into SST files, which nothing has read), then one byte flipped every FLIP_STEP bytes of
+    the first half of every SST file of 100 KB or more: data blocks, never the index or
+    footer, so the database still opens."""
+    config = ast.AsyncStateConfig(max_parallelism=MAX_PARALLELISM)
+    async with ast.KeyedOperator(FillCollections(), key_selector=lambda r: r,
+                                 backend=RocksDBBackend(path), config=config) as op:
+        for key in keys:
+            await op.process(key)
+    damaged = 0
+    for sst in path.glob("*.sst"):
+        data = bytearray(sst.read_bytes())
+        if len(data) < 100_000:
+            continue
+        for offset in range(FLIP_STEP, len(data) // 2, FLIP_STEP):
+            data[offset] ^= 0xFF
+        sst.write_bytes(bytes(data))
+        damaged += 1
+    assert damaged
+
+
+def damage_message(path: Path) -> str:
+    return rf"^RocksDB failed on {re.escape(repr(str(path)))}: Corruption: block checksum "
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("chunk", [7, 1000])
+@pytest.mark.parametrize("how", ["list", "map-keys", "map-is-empty"])
+async def test_corrupted_blocks_fail_an_iteration_instead_of_ending_it_early(
+        tmp_path, chunk, how):
+    """An iterator that meets a damaged block stops as if the range ended; the backend asks
+    for its status, so the read fails the run instead of returning fewer entries (or none,
+    or "empty")."""
+    path = tmp_path / "db"
+    await corrupt_collections(path, range(1))
+    config = ast.AsyncStateConfig(max_parallelism=MAX_PARALLELISM, iterator_chunk_size=chunk)
+    with pytest.raises(ast.BackendError, match=damage_message(path)) as info:
+        async with ast.KeyedOperator(ReadCollections(), key_selector=lambda r: r[0],
+                                     backend=RocksDBBackend(path), config=config) as op:
+            await op.process((0, how))
+            await op.drain()
+    assert info.value.path == str(path)
+
+
+@pytest.mark.timeout(60)
+async def test_corrupted_blocks_fail_a_snapshot_instead_of_leaving_state_out(tmp_path):
+    path = tmp_path / "db"
+    await corrupt_collections(path, range(5))
+    config = ast.AsyncStateConfig(max_parallelism=MAX_PARALLELISM)
+    with pytest.raises(ast.BackendError, match=damage_message(path)):
+        async with ast.KeyedOperator(ReadCollections(), key_selector=lambda r: r[0],
+                                     backend=RocksDBBackend(path), config=config) as op:
+            await op.snapshot(tmp_path / "checkpoints", 1)
+    with pytest.raises(ast.CheckpointError, match="no committed part"):
+        open_checkpoint(tmp_path / "checkpoints" / "chk-1")
 
 
 # -- argument and lifecycle checks ----------------------------------------------------------
