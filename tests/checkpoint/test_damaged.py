@@ -567,6 +567,7 @@ async def test_data_file_that_cannot_be_opened_at_open_is_refused(chk: Copy) -> 
     pytest.param({"operator_state": 5}, id="operator-state-not-a-map"),
     pytest.param({"operator_state": {"offsets": {"items": 5}}}, id="items-not-a-list"),
     pytest.param({"list_sequence": "thirty-six"}, id="list-sequence-not-an-int"),
+    pytest.param({"list_sequence": -1}, id="list-sequence-negative"),
 ])
 async def test_extra_map_of_the_wrong_shape_is_refused(chk: Copy, extra: Any) -> None:
     chk.rewrite(extra=_packed(extra))
