@@ -12,9 +12,10 @@ No iterator outlives a call (a live iterator keeps RocksDB's LOCK after close), 
 scan fails: the iterator is dropped before the error leaves the frame.
 
 An iterator that meets damaged data (a block checksum mismatch) just stops, as if the range
-ended there; only its `status()` tells. Every scan asks it, so damage raises (rocksdict's
-bare Exception, which the backend reports as BackendError) instead of reading as fewer
-entries, or as none.
+ended there; only its `status()` tells, and rocksdict's fast `items()` does not expose it.
+So a scan that ends seeks a fresh iterator to where it stopped and asks that one: damage
+raises (rocksdict's bare Exception, which the backend reports as BackendError) instead of
+reading as fewer entries, or as none. One extra seek per scan, not per entry.
 """
 
 from __future__ import annotations
@@ -38,25 +39,33 @@ def _scan_items(cf: rocksdict.Rdict, lower: bytes, upper: bytes,
                 limit: int | None = None) -> list[tuple[bytes, bytes]]:
     """Up to `limit` (key, value) pairs of `cf` in [lower, upper), in key order."""
     read = _read_options(lower, upper)
-    it: Any = cf.iter(read)
-    out: list[tuple[bytes, bytes]] = []
     try:
-        it.seek(lower)
-        append, valid, key, value, advance = out.append, it.valid, it.key, it.value, it.next
+        items: Any = cf.items(from_key=lower, read_opt=read)
         try:
-            for _ in (itertools.repeat(None) if limit is None
-                      else itertools.repeat(None, limit)):
-                if not valid():
-                    break
-                append((key(), value()))
-                advance()
-            if not valid():
-                it.status()  # the scan ended: at the bound, or at damage, which raises here
+            out: list[tuple[bytes, bytes]] = list(
+                items if limit is None else itertools.islice(items, limit))
         finally:
-            del valid, key, value, advance  # bound methods hold the iterator too
+            del items
+        if limit is None or len(out) < limit:
+            # The scan ended: at the bound, or at damage (rocksdict's items() cannot tell).
+            _check_end(cf, read, out[-1][0] + b"\x00" if out else lower)
         return out
     finally:
-        del it, read
+        del read
+
+
+def _check_end(cf: rocksdict.Rdict, read: rocksdict.ReadOptions, after: bytes) -> None:
+    """Raise unless `cf` holds nothing from `after` to the upper bound of `read`: a fresh
+    iterator seeks where the scan stopped and reports the damage that stopped it."""
+    it: Any = cf.iter(read)
+    try:
+        it.seek(after)
+        if it.valid():
+            # rocksdict's kind of error, which the backend translates to BackendError
+            raise Exception("Corruption: a scan stopped before the end of its range")
+        it.status()  # damage raises here
+    finally:
+        del it
 
 
 def _scan_is_empty(cf: rocksdict.Rdict, lower: bytes, upper: bytes) -> bool:
