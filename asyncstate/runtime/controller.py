@@ -468,11 +468,14 @@ class AsyncExecutionController:
     def _ensure_run(self) -> None:
         loop = _get_running_loop()
         if loop is not None and _current_task(loop) is not None:
-            if not self._scheduled:
-                self._scheduled = True
-                loop.call_soon(self._run_scheduled)
+            self._schedule_run(loop)
         else:
             self._run()
+
+    def _schedule_run(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._run_scheduled)
 
     def _run_scheduled(self) -> None:
         self._scheduled = False
@@ -503,13 +506,9 @@ class AsyncExecutionController:
             if pending:
                 # KeyboardInterrupt or SystemExit propagates; what is left runs later, if
                 # the loop goes on, instead of waiting for the next post.
-                self._ensure_run_later()
-
-    def _ensure_run_later(self) -> None:
-        loop = _get_running_loop()
-        if loop is not None and not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._run_scheduled)
+                loop = _get_running_loop()
+                if loop is not None:
+                    self._schedule_run(loop)
 
     # -- waiting ---------------------------------------------------------------------------
 
