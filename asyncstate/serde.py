@@ -55,8 +55,9 @@ _packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 # msgpack packs an empty container one level deeper than it unpacks: 1025 nested containers
 # pack, but only 1024 read back. Bytes that deep hold more than 1024 container headers, so
-# only encodings with that many header-like bytes are decoded to check (`_check_depth`).
+# only encodings with that many header-like bytes are decoded to check (`_too_deep`).
 _MAX_DEPTH: Final = 1024
+_TOO_DEEP: Final = f"it is nested more than {_MAX_DEPTH} levels deep, the most msgpack decodes"
 _CONTAINER_HEADS: Final = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 
 
@@ -114,8 +115,7 @@ def canonical_key(key: object, what: str = "key", state_name: str | None = None)
             state_name=state_name, type_name=tp.__name__) from None
     if not (tp is int or tp is str or tp is bytes) and _too_deep(data):
         raise SerializationError(
-            f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): it is nested "
-            f"more than {_MAX_DEPTH} levels deep, the most msgpack decodes",
+            f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): {_TOO_DEEP}",
             state_name=state_name, type_name=tp.__name__)
     return data
 
@@ -126,8 +126,7 @@ def decode_key(data: bytes) -> Any:
         return _unpackb(data, raw=False, strict_map_key=False)
     except _StackError:
         raise SerializationError(
-            f"a stored key cannot be read back: it is nested more than {_MAX_DEPTH} levels "
-            "deep, the most msgpack decodes", type_name="bytes") from None
+            f"a stored key cannot be read back: {_TOO_DEEP}", type_name="bytes") from None
 
 
 def to_stored(value: object, state_name: str) -> Any:
@@ -161,7 +160,7 @@ def to_stored(value: object, state_name: str) -> Any:
     if _too_deep(data):
         raise SerializationError(
             f"value of state {state_name!r} cannot be encoded with msgpack ({tp.__name__}): "
-            f"it is nested more than {_MAX_DEPTH} levels deep, the most msgpack decodes",
+            f"{_TOO_DEEP}",
             state_name=state_name, type_name=tp.__name__)
     return Packed(data)
 
@@ -197,8 +196,7 @@ def decode_value(data: bytes) -> Any:
     except _StackError:
         # msgpack packs an empty container one level deeper than it reads back.
         raise SerializationError(
-            "a stored value cannot be read back: it is nested more than 1024 levels deep, "
-            "the most msgpack decodes", type_name="bytes") from None
+            f"a stored value cannot be read back: {_TOO_DEEP}", type_name="bytes") from None
 
 
 def check_value_bytes(data: bytes) -> None:

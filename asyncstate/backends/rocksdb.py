@@ -339,6 +339,14 @@ class RocksDBBackend:
             raise _translate_error(exc, self._path) from None
         log.debug("rocksdb.closed", path=self._path)
 
+    def _scan(self, scan: Any, cf: Any, lower: bytes, upper: bytes) -> Any:
+        """`scan(cf, lower, upper)` (a `rocksdb_scan` function), its storage failures (damage)
+        as BackendError naming the path."""
+        try:
+            return scan(cf, lower, upper)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise self._failure(exc) from None
+
     def _abandon_lane(self) -> None:
         """Loop thread, after close(): deliver the failure of every batch still under way
         (each once: a batch leaves the lane as it is delivered)."""
@@ -558,13 +566,10 @@ class RocksDBBackend:
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         loaded = []
-        try:
-            for name, handle in sorted(self._handles.items()):
-                items = _scan_items(handle.cf, lower, upper)  # type: ignore[arg-type]
-                if items:
-                    loaded.append((name, handle.kind, items))
-        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception (damage)
-            raise self._failure(exc) from None
+        for name, handle in sorted(self._handles.items()):
+            items = self._scan(_scan_items, handle.cf, lower, upper)
+            if items:
+                loaded.append((name, handle.kind, items))
         return _snapshot_entries(loaded)
 
     def restore_key_group(self, key_group: int,
@@ -580,12 +585,9 @@ class RocksDBBackend:
         # 1. Only a state that already holds data in this key group needs a list or map
         #    cleared before it is written: a fresh database takes no range tombstones.
         occupied = set()
-        try:
-            for name, existing in handles.items():
-                if not _scan_is_empty(existing.cf, lower, upper):  # type: ignore[arg-type]
-                    occupied.add(name)
-        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception (damage)
-            raise self._failure(exc) from None
+        for name, existing in handles.items():
+            if not self._scan(_scan_is_empty, existing.cf, lower, upper):
+                occupied.add(name)
         # 2. Write through WriteBatches of bounded size.
         wb = rocksdict.WriteBatch(raw_mode=True)
         pack = _SEQ.pack
@@ -647,14 +649,10 @@ class RocksDBBackend:
         if self._lane:
             raise InvalidStateError(
                 f"RocksDBBackend {self._path!r} has batches under way; its state can only be "
-                "discarded before the first one")
+                "discarded while no batch is under way")
         dropped = sorted(self._handles)
-        try:
-            fresh = not self._families and self._list_seq == 0 and _scan_is_empty(
-                db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX))
-        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception (damage)
-            raise self._failure(exc) from None
-        if fresh:
+        if not self._families and self._list_seq == 0 and self._scan(
+                _scan_is_empty, db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
             return dropped
         self._drop_handles()  # handles handed out before no longer reach the dropped families
         try:

@@ -24,12 +24,10 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
-
 from asyncstate.checkpoint.reader import Checkpoint
 from asyncstate.config import check_int
-from asyncstate.errors import CheckpointError, SerializationError
-from asyncstate.serde import decode_value
+from asyncstate.errors import CheckpointError
+from asyncstate.serde import check_value_bytes
 
 __all__ = [
     "RestoredExtras",
@@ -103,11 +101,9 @@ def read_operator_extras(checkpoint: Checkpoint) -> RestoredExtras:
 def _one_value(item: object) -> bool:
     """True if `item` is the msgpack bytes of exactly one value, as the state decodes it
     (`serde.decode_value`: dicts may have tuple keys)."""
-    if type(item) is not bytes:
-        return False
     try:
-        decode_value(item)
-    except (ValueError, TypeError, msgpack.UnpackException, SerializationError):
+        check_value_bytes(item)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
         return False
     return True
 
