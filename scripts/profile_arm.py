@@ -6,9 +6,11 @@
 Feeds the keyed counter (`CallbackCounter`, the benchmark's function and key order) through
 one KeyedOperator and prints records/s, the loop thread's CPU time per record
 (`time.thread_time()`; pool and RocksDB threads are not counted) and the share of the run the
-loop thread was on a CPU. The answer is checked like the benchmark's: sampled keys read back
-after the drain. Arms: `rocksdb` (RocksDBBackend, io_parallelism 2), `heap` (HeapBackend) and
-`heap-batched` (the heap behind SimulatedRemoteBackend with no latency).
+loop thread was on a CPU. `--phases N` adds the same two figures for each Nth of the records
+fed (chunk boundaries of `bench.feed`), to show how the cost moves as the state grows. The
+answer is checked like the benchmark's: sampled keys read back after the drain. Arms:
+`rocksdb` (RocksDBBackend, io_parallelism 2), `heap` (HeapBackend) and `heap-batched` (the
+heap behind SimulatedRemoteBackend with no latency).
 
 Single runs of this machine vary by 20 % and more: compare variants by alternating runs, and
 quote ratios of one `bench.py` invocation, not these figures.
@@ -17,6 +19,7 @@ quote ratios of one `bench.py` invocation, not these figures.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import tempfile
@@ -36,10 +39,33 @@ ARMS = ("rocksdb", "heap", "heap-batched")
 
 
 class _Quiet:
-    """The part of `bench.Bench` that `bench.feed` uses, without progress output."""
+    """The part of `bench.Bench` that `bench.feed` uses, without progress output. With
+    `every` > 0 it notes (records, wall clock, loop-thread CPU) each time another `every`
+    records have been fed."""
+
+    def __init__(self, every: int = 0) -> None:
+        self.every = every
+        self.fed = 0
+        self.marks: list[tuple[int, float, float]] = []
+
+    def mark(self) -> None:
+        self.marks.append((self.fed, time.perf_counter(), time.thread_time()))
 
     def tick(self, records: int) -> None:
-        pass
+        before = self.fed
+        self.fed += records
+        if self.every and self.fed // self.every > before // self.every:
+            self.mark()
+
+
+def _phases(marks: list[tuple[int, float, float]]) -> str:
+    """Loop-thread CPU per record and records/s between consecutive marks."""
+    parts = []
+    for (a, wall_a, cpu_a), (b, wall_b, cpu_b) in itertools.pairwise(marks):
+        if b > a:
+            parts.append(f"{(cpu_b - cpu_a) / (b - a) * 1e6:.2f} us "
+                         f"{(b - a) / (wall_b - wall_a) / 1e3:,.0f} K/s")
+    return "phases (loop CPU per record, records/s): " + " | ".join(parts)
 
 
 def main() -> int:
@@ -52,11 +78,15 @@ def main() -> int:
     parser.add_argument("--write-buffer-bytes", type=int,
                         default=bench.ROCKSDB_WRITE_BUFFER_BYTES)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--phases", type=int, default=0,
+                        help="also report each Nth of the run (default: none)")
     args = parser.parse_args()
     keys = bench.overhead_keys(args.records, args.records, seed=args.seed)
     choose = bench.sample_chooser(keys, args.records, args.seed, bench.PROBE_PRESENT,
                                   bench.PROBE_ABSENT)
     config = ast.AsyncStateConfig(batch_size=args.batch_size, max_in_flight=args.max_in_flight)
+
+    ticker = _Quiet(-(-args.records // args.phases) if args.phases > 0 else 0)
 
     async def run(directory: str) -> tuple[float, float, Any]:
         backend: Any = ast.HeapBackend()
@@ -70,9 +100,13 @@ def main() -> int:
         op = ast.KeyedOperator(function, key_selector=bench._identity, backend=backend,
                                config=config)
         async with op:
+            ticker.mark()
             started, cpu = time.perf_counter(), time.thread_time()
-            await bench.feed(_Quiet(), op, keys)  # type: ignore[arg-type]
+            await bench.feed(ticker, op, keys)  # type: ignore[arg-type]
             seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
+            if ticker.marks[-1][0] == ticker.fed:
+                ticker.marks.pop()  # the last phase ends after the drain, as the run does
+            ticker.mark()
             counts = await bench._probe(function, keys, choose)(op, len(keys))
         return seconds, cpu, counts
 
@@ -84,6 +118,8 @@ def main() -> int:
     print(f"{args.arm}: {n / seconds:,.0f} records/s, loop thread {cpu / n * 1e6:.2f} us CPU "
           f"per record, on a CPU {cpu / seconds:.0%} of the run; answer "
           f"{'ok' if ok else 'WRONG: ' + detail}")
+    if args.phases > 0:
+        print(_phases(ticker.marks))
     return 0 if ok else 1
 
 
