@@ -61,8 +61,9 @@ def read_operator_extras(checkpoint: Checkpoint) -> RestoredExtras:
     ``list_sequence`` (an int >= 0, absent for backends without one) and ``operator_state``
     (``{name: {"mode": "split" | "union", "items": [msgpack bytes of one element, ...]}}``).
 
-    An extra dict of another shape, or an element that is not the msgpack bytes of exactly
-    one value, raises CheckpointError naming the part's data file.
+    An extra dict of another shape, an element that is not the msgpack bytes of exactly one
+    value, or a state whose mode differs from the one an earlier part gives it, raises
+    CheckpointError naming the part's data file.
     """
     sequence = 0
     parts: dict[str, list[list[bytes]]] = {}
@@ -93,8 +94,11 @@ def read_operator_extras(checkpoint: Checkpoint) -> RestoredExtras:
                 if not _one_value(item):
                     raise bad(f"operator state {name!r} whose element {j} is not the msgpack "
                               "bytes of one value:", item)
+            known = modes.setdefault(name, mode)
+            if known != mode:
+                raise bad(f"operator state {name!r} in mode {mode!r}, where an earlier part "
+                          "has it in mode", known)
             parts.setdefault(name, [[] for _ in range(count)])[i] = items
-            modes.setdefault(name, mode)
     return RestoredExtras(checkpoint.path, sequence, parts, modes, dict(checkpoint.states))
 
 

@@ -187,6 +187,20 @@ def test_operator_state_with_an_unknown_mode_is_a_checkpoint_error(tmp_path, mod
         read_operator_extras(open_checkpoint(chk))
 
 
+def test_parts_that_disagree_on_an_operator_state_mode_are_a_checkpoint_error(tmp_path):
+    chk = checkpoint_path(tmp_path, 1)
+    for index, mode in enumerate(["union", "union", "split"]):
+        write_part(chk, parallelism=3, operator_index=index, max_parallelism=MAX_P,
+                   states={}, key_groups=[],
+                   extra={"operator_state": {"offsets": {"mode": mode, "items": []},
+                                             "seen": {"mode": "split", "items": []}}})
+    with pytest.raises(CheckpointError, match=r"operator state 'offsets' in mode 'split', "
+                                              r"where an earlier part has it in mode 'union'"
+                       ) as info:
+        read_operator_extras(open_checkpoint(chk))
+    assert "part-3-2" in info.value.path
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("elements", "middle"), [(4, 3), (5, 4), (7, 3), (2, 3)])
 async def test_carried_operator_state_keeps_every_element_once(tmp_path, elements, middle):
