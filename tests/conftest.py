@@ -46,30 +46,3 @@ def pytest_asyncio_loop_factories(
 # The `manual_clock` and `manual_executor` fixtures come from asyncstate's pytest plugin
 # (asyncstate/pytest_plugin.py, registered as a pytest11 entry point).
 
-
-# pytest-timeout's default method raises from a SIGALRM handler. uvloop runs Python signal
-# handlers inside one of its own callbacks and reports what they raise to the loop's exception
-# handler, so on uvloop a hung test would never time out. Tests on uvloop use the thread
-# method instead: on a timeout it dumps every thread's stack and ends the session (exit 1),
-# so a hang fails the run loudly instead of stalling it.
-
-
-def _timeout_seconds(item: pytest.Item) -> float | None:
-    marker = item.get_closest_marker("timeout")
-    if marker is not None:
-        if marker.args:
-            return float(marker.args[0])
-        if "timeout" in marker.kwargs:
-            return float(marker.kwargs["timeout"])
-    value = item.config.getini("timeout")
-    return float(value) if value not in (None, "") else None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        params = item.nodeid.rpartition("[")[2] if item.nodeid.endswith("]") else ""
-        if "uvloop" not in params:
-            continue
-        seconds = _timeout_seconds(item)
-        if seconds:
-            item.add_marker(pytest.mark.timeout(seconds, method="thread"), append=False)
