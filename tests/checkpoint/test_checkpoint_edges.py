@@ -6,13 +6,13 @@ translation to the documented error type, a cleanup that must happen.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from typing import Any
 
 import msgpack
 import pytest
+from test_format import edit_manifest
 
 import asyncstate as ast
 from asyncstate.backends.heap import HeapBackend
@@ -229,6 +229,13 @@ def _write_simple(chk: str) -> None:
     _write_one_part(chk, [(kg, [[0, 1], _entry("k", msgpack.packb(1))])])
 
 
+def _simple_part(tmp_path: Any) -> tuple[str, Any]:
+    """A checkpoint of one part holding one entry, and that part as the reader sees it."""
+    chk = checkpoint_path(tmp_path, 1)
+    _write_simple(chk)
+    return chk, open_checkpoint(chk).parts[0]
+
+
 def test_part_directory_symlinked_to_a_sibling_checkpoint_with_a_longer_name_is_refused(
         tmp_path):
     chk = checkpoint_path(tmp_path, 1)
@@ -242,9 +249,7 @@ def test_part_directory_symlinked_to_a_sibling_checkpoint_with_a_longer_name_is_
 
 
 def test_data_file_symlinked_into_a_sibling_directory_with_a_longer_name_is_refused(tmp_path):
-    chk = checkpoint_path(tmp_path, 1)
-    _write_simple(chk)
-    part = open_checkpoint(chk).parts[0]
+    chk, part = _simple_part(tmp_path)
     sibling = part.path + "-x"  # "part-1-0-x" starts with "part-1-0"
     os.makedirs(sibling)
     moved = os.path.join(sibling, part.data_file)
@@ -257,21 +262,11 @@ def test_data_file_symlinked_into_a_sibling_directory_with_a_longer_name_is_refu
 # -- reader: manifests that contradict themselves -------------------------------------------
 
 
-def _edit_manifest(part_dir: str, edit: Any) -> None:
-    path = os.path.join(part_dir, MANIFEST_NAME)
-    with open(path, "rb") as f:
-        manifest = json.loads(f.read())
-    edit(manifest)
-    with open(path, "wb") as f:
-        f.write(json.dumps(manifest, indent=1).encode())
-
-
 def test_manifest_listing_one_key_group_twice_identically_is_refused(tmp_path):
     chk = checkpoint_path(tmp_path, 1)
     _write_simple(chk)
     kg = ast.assign_to_key_group("k", MAX_P)
-    _edit_manifest(os.path.join(chk, "part-1-0"),
-                   lambda m: m["key_groups"].append(dict(m["key_groups"][0])))
+    edit_manifest(chk, "part-1-0", lambda m: m["key_groups"].append(dict(m["key_groups"][0])))
     with pytest.raises(CheckpointError, match=rf"lists key group {kg} twice"):
         open_checkpoint(chk)
 
@@ -282,15 +277,13 @@ def test_part_whose_operator_index_equals_its_parallelism_is_a_checkpoint_error(
         write_part(chk, parallelism=2, operator_index=index, max_parallelism=MAX_P,
                    states={}, key_groups=[])
     shutil.copytree(os.path.join(chk, "part-2-1"), os.path.join(chk, "part-2-2"))
-    _edit_manifest(os.path.join(chk, "part-2-2"), lambda m: m.update(operator_index=2))
+    edit_manifest(chk, "part-2-2", operator_index=2)
     with pytest.raises(CheckpointError, match=r"which do not match its directory part-2-2"):
         open_checkpoint(chk)
 
 
 def test_data_file_longer_than_its_manifest_says_is_refused(tmp_path):
-    chk = checkpoint_path(tmp_path, 1)
-    _write_simple(chk)
-    part = open_checkpoint(chk).parts[0]
+    chk, part = _simple_part(tmp_path)
     with open(part.data_path, "ab") as f:
         f.write(b"\x00")
     with pytest.raises(CheckpointError, match=rf"has {part.data_size + 1} bytes but its "
@@ -333,7 +326,7 @@ def test_rewrite_never_deletes_a_file_a_damaged_manifest_names_outside_the_patte
     victim = os.path.normpath(os.path.join(part_dir, name))
     with open(victim, "wb") as f:
         f.write(b"keep me")
-    _edit_manifest(part_dir, lambda m: m.update(data_file=name))
+    edit_manifest(chk, "part-1-0", data_file=name)
     _write_simple(chk)  # replaces the damaged manifest
     with open(victim, "rb") as f:
         assert f.read() == b"keep me"

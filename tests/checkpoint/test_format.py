@@ -426,11 +426,14 @@ def test_missing_data_file_is_named(tmp_path):
         open_checkpoint(chk)
 
 
-def edit_manifest(chk: str, part: str, **changes) -> None:
+def edit_manifest(chk: str, part: str, edit=None, **changes) -> None:
+    """Rewrite a part's manifest with `changes`, then `edit(manifest)` if given."""
     path = os.path.join(chk, part, MANIFEST_NAME)
     with open(path) as f:
         m = json.load(f)
     m.update(changes)
+    if edit is not None:
+        edit(m)
     with open(path, "w") as f:
         json.dump(m, f)
 
