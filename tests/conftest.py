@@ -45,4 +45,3 @@ def pytest_asyncio_loop_factories(
 
 # The `manual_clock` and `manual_executor` fixtures come from asyncstate's pytest plugin
 # (asyncstate/pytest_plugin.py, registered as a pytest11 entry point).
-
