@@ -448,21 +448,31 @@ def test_manifest_naming_a_file_outside_the_part_is_rejected(tmp_path, name):
         open_checkpoint(chk)
 
 
-def test_symlinked_data_file_leading_outside_is_rejected(tmp_path):
+@pytest.mark.parametrize("sibling", [False, True], ids=["outside", "longer-named-sibling"])
+def test_symlinked_data_file_leading_outside_is_rejected(tmp_path, sibling):
     chk = checkpoint_path(tmp_path, 1)
     write_all(chk, 1)
     part = open_checkpoint(chk).parts[0]
-    outside = tmp_path / "outside.bin"
+    if sibling:  # "part-1-0-x" starts with "part-1-0"
+        os.makedirs(part.path + "-x")
+        outside = os.path.join(part.path + "-x", part.data_file)
+    else:
+        outside = str(tmp_path / "outside.bin")
     os.replace(part.data_path, outside)
     os.symlink(outside, part.data_path)
     with pytest.raises(CheckpointError, match=r"resolves outside its part directory"):
         open_checkpoint(chk)
 
 
-def test_symlinked_part_directory_leading_outside_is_rejected(tmp_path):
+@pytest.mark.parametrize("sibling", [False, True], ids=["outside", "longer-named-sibling"])
+def test_symlinked_part_directory_leading_outside_is_rejected(tmp_path, sibling):
     chk = checkpoint_path(tmp_path, 1)
     write_all(chk, 1)
-    elsewhere = tmp_path / "elsewhere"
+    if sibling:  # "chk-10" starts with "chk-1"
+        os.makedirs(checkpoint_path(tmp_path, 10))
+        elsewhere = os.path.join(checkpoint_path(tmp_path, 10), "part-1-0")
+    else:
+        elsewhere = str(tmp_path / "elsewhere")
     os.replace(os.path.join(chk, "part-1-0"), elsewhere)
     os.symlink(elsewhere, os.path.join(chk, "part-1-0"))
     with pytest.raises(CheckpointError, match=r"resolves outside the checkpoint directory"):
