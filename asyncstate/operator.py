@@ -400,10 +400,13 @@ class KeyedOperator:
         # Runs inside the record's contextvars context with a reference held on ctx.
         try:
             result = self._process_element(ctx.record, ctx)
-        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - fails the run
-            # CancelledError from a plain function (or a callback it ran) is user code's
-            # too: it fails the run as it does from an async def.
+        except BaseException as exc:
+            # Any exception of a plain function (or a callback it ran), CancelledError
+            # included, is user code's: it fails the run as it does from an async def.
+            # KeyboardInterrupt and SystemExit also propagate.
             self._controller.fail(exc)  # type: ignore[union-attr]
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             return
         if result is not None and not (type(result) is StateFuture and result._state == _DONE):
             driver = self._driver

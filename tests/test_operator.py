@@ -720,6 +720,11 @@ class Boom(Exception):
     pass
 
 
+class BaseBoom(BaseException):
+    """Neither an Exception nor KeyboardInterrupt/SystemExit/CancelledError (as pytest's own
+    outcomes are): user code raising it fails the run like any other failure."""
+
+
 class Failing(ast.KeyedProcessFunction):
     """Plain def: fails in the way named by the record ``(key, how)``; "ok" writes state."""
 
@@ -743,6 +748,13 @@ class Failing(ast.KeyedProcessFunction):
         if how == "callback-cancelled":
             return self.v.value().then_accept(
                 lambda v: _raise(asyncio.CancelledError("then_accept callback")))
+        if how == "sync-base":
+            raise BaseBoom("plain process_element")
+        if how == "callback-base":
+            return self.v.value().then_accept(lambda v: _raise(BaseBoom("then_accept callback")))
+        if how == "unreturned-chain-base":
+            self.v.value().then_apply(lambda v: _raise(BaseBoom("then_apply callback")))
+            return None
         raise AssertionError(f"not a plain failure kind: {how}")
 
 
@@ -770,12 +782,18 @@ class FailingAsync(Failing):
             return
         if how == "async-before-await":
             raise Boom("async def before any await")
+        if how == "async-base-before-await":
+            raise BaseBoom("async def before any await")
         await self.v.value()
         if how == "after-state-await":
             raise Boom("after awaiting state")
+        if how == "base-after-state-await":
+            raise BaseBoom("after awaiting state")
         await asyncio.sleep(0)
         if how == "after-real-await":
             raise Boom("after awaiting asyncio.sleep")
+        if how == "base-after-real-await":
+            raise BaseBoom("after awaiting asyncio.sleep")
         if how == "unserializable-await":
             await self.v.update(object())
         raise AssertionError(f"not an async failure kind: {how}")
@@ -792,6 +810,12 @@ FAILURES = {
     "after-state-await": (FailingAsync, Boom),
     "after-real-await": (FailingAsync, Boom),
     "unserializable-await": (FailingAsync, ast.SerializationError),
+    "sync-base": (Failing, BaseBoom),
+    "callback-base": (Failing, BaseBoom),
+    "unreturned-chain-base": (Failing, BaseBoom),
+    "async-base-before-await": (FailingAsync, BaseBoom),
+    "base-after-state-await": (FailingAsync, BaseBoom),
+    "base-after-real-await": (FailingAsync, BaseBoom),
 }
 
 

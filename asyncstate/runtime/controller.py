@@ -242,10 +242,12 @@ class AsyncExecutionController:
                 try:
                     ctx.vars.run(_ENTER_AND_RUN, ctx, run)  # type: ignore[union-attr]
                 finally:
+                    # Also when KeyboardInterrupt or SystemExit leaves `run`: the record's
+                    # code is over, so its reference goes (its failure was noted).
                     ctx.entered = False
-                ctx.ref_count -= 1
-                if ctx.ref_count == 0:
-                    self._dispose(ctx)
+                    ctx.ref_count -= 1
+                    if ctx.ref_count == 0:
+                        self._dispose(ctx)
                 return
         # The sync-point future holds a reference while its hook runs. It fails only when
         # the controller closes first: then the record never starts.
@@ -491,12 +493,15 @@ class AsyncExecutionController:
                     fn, arg = pending.popleft()
                     try:
                         fn(arg)
-                    except Exception as exc:  # noqa: BLE001 - fails the run, keeps draining
+                    except BaseException as exc:
+                        # Raised by user code (a callback), CancelledError included: that is
+                        # not a cancellation of this loop callback, and it fails the run as
+                        # an async def record's exceptions do. KeyboardInterrupt and
+                        # SystemExit also propagate; the run has failed all the same, so if
+                        # the loop goes on nobody waits for the record they interrupted.
                         self.fail(exc)
-                    except asyncio.CancelledError as exc:
-                        # Raised by user code, not a cancellation of this loop callback:
-                        # it fails the run as an async def record's CancelledError does.
-                        self.fail(exc)
+                        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                            raise
                 if self._waiters:
                     self._check_waiters()
                 if not pending:

@@ -225,16 +225,21 @@ class UserCodeDriver:
                 yielded = _step_coroutine(coro, asyncio.CancelledError(task._cancel_message))
             else:
                 yielded = _step_coroutine(coro, None)
-        except Exception as exc:  # noqa: BLE001 - user code failure fails the run
-            task._done = True
-            self._fail(exc)
-            ctx.release()
-            return
         except asyncio.CancelledError as exc:
             task._done = True
             self._fail(asyncio.CancelledError(
                 f"the record with key {ctx.key!r} was cancelled: {exc}"))
             ctx.release()
+            return
+        except BaseException as exc:
+            # Any exception ends the coroutine, as it ends a Task: the run fails with it and
+            # the record is released. KeyboardInterrupt and SystemExit also propagate, as
+            # they do out of a Task's step.
+            task._done = True
+            self._fail(exc)
+            ctx.release()
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             return
         finally:
             _leave_task(loop, task)

@@ -173,15 +173,23 @@ class StateFuture(Generic[T]):
         ctx = self._ctx
         deferred: list[StateFuture[Any]] | None = None
         if self._cb_kind is not None:
-            if ctx is None or ctx.entered or ctx.vars is None:
-                deferred = self._run_callbacks(depth)
-            else:
-                # RecordContext.run, inlined: callbacks run in the record's contextvars.
-                ctx.entered = True
-                try:
-                    deferred = ctx.vars.run(_RUN_CALLBACKS, self, depth)
-                finally:
-                    ctx.entered = False
+            try:
+                if ctx is None or ctx.entered or ctx.vars is None:
+                    deferred = self._run_callbacks(depth)
+                else:
+                    # RecordContext.run, inlined: callbacks run in the record's contextvars.
+                    ctx.entered = True
+                    try:
+                        deferred = ctx.vars.run(_RUN_CALLBACKS, self, depth)
+                    finally:
+                        ctx.entered = False
+            except BaseException:
+                # A callback let a BaseException through (its other callbacks ran): this
+                # future is done all the same, so its reference on the record goes too.
+                if ctx is not None:
+                    self._ctx = None
+                    ctx.release()
+                raise
         if ctx is not None:
             self._ctx = None
             count = ctx.ref_count - 1

@@ -16,6 +16,7 @@ import textwrap
 from typing import Any
 
 import pytest
+import uvloop
 from shared_functions import Dynamic
 
 import asyncstate as ast
@@ -352,21 +353,131 @@ async def test_stepped_record_finally_runs_before_close_when_the_run_fails() -> 
     assert log == ["finally", "close"]
 
 
+async def _sleep_long(fn: _LoggedClose, ctx: ast.RecordContext) -> None:
+    """Sleeps in a Task until cancelled; appends "finally" to the function's log."""
+    try:
+        await asyncio.sleep(5)
+    finally:
+        fn._log.append("finally")
+
+
 @pytest.mark.timeout(30)
 async def test_record_task_finally_runs_before_close_when_the_run_fails() -> None:
     log: list[Any] = []
-
-    async def waiter(fn: _Dynamic, ctx: ast.RecordContext) -> None:
-        try:
-            await asyncio.sleep(5)
-        finally:
-            log.append("finally")
-
     with pytest.raises(ValueError, match="boom"):
-        await _run(_LoggedClose(log), [("b", waiter), ("c", _fail_soon)])
+        await _run(_LoggedClose(log), [("b", _sleep_long), ("c", _fail_soon)])
     exited = list(log)
     await asyncio.sleep(0.05)  # let the cancelled Task run its finally
     assert exited == ["finally", "close"]
+
+
+class _BaseBoom(BaseException):
+    """Neither an Exception nor KeyboardInterrupt/SystemExit/CancelledError."""
+
+
+async def _base_before_await(fn: _Dynamic, ctx: ast.RecordContext) -> None:
+    raise _BaseBoom("before any await")
+
+
+async def _base_after_state_await(fn: _Dynamic, ctx: ast.RecordContext) -> None:
+    await fn.v.update(1)
+    raise _BaseBoom("after a state await")
+
+
+async def _base_after_real_await(fn: _Dynamic, ctx: ast.RecordContext) -> None:
+    await fn.v.update(1)
+    await asyncio.sleep(0.001)
+    raise _BaseBoom("after a real await")
+
+
+_BASE_RAISERS = pytest.mark.parametrize(
+    ("raiser", "message"), [(_base_before_await, "before any await"),
+                            (_base_after_state_await, "after a state await"),
+                            (_base_after_real_await, "after a real await")],
+    ids=["before-await", "after-state-await", "after-real-await"])
+
+
+@_BOTH
+@_BASE_RAISERS
+@pytest.mark.parametrize("latency_ms", [0, 5], ids=["heap", "remote"])
+@pytest.mark.timeout(30)
+async def test_a_base_exception_from_a_record_fails_the_run_with_it(
+        cls: type[_Dynamic], raiser: Any, message: str, latency_ms: int) -> None:
+    """A BaseException user code raises ends its record and fails the run, as it ends a
+    Task: drain raises it, the records still running are cancelled and finish before the
+    function closes."""
+    log: list[Any] = []
+
+    class Fn(_LoggedClose, cls):  # type: ignore[valid-type,misc]
+        pass
+
+    backend = _slow(latency_ms) if latency_ms else ast.HeapBackend()
+    with pytest.raises(_BaseBoom, match=f"^{message}$"):
+        await _run(Fn(log), [("w", _sleep_long), ("a", raiser), ("a", raiser)], backend)
+    assert log == ["finally", "close"]
+
+
+class _PlainRaiser(_LoggedClose):
+    """Plain def: writes state, then raises the exception the record carries."""
+
+    def process_element(self, value: Any, ctx: ast.RecordContext) -> None:  # type: ignore[override]
+        self.v.update(1)
+        raise value[1]
+
+
+class _SteppedRaiser(_LoggedClose):
+    async def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
+        await self.v.update(1)
+        raise value[1]
+
+
+class _TaskRaiser(_SteppedRaiser):
+    needs_task = True
+
+
+@pytest.mark.parametrize("cls", [_PlainRaiser, _SteppedRaiser, _TaskRaiser],
+                         ids=["plain", "stepped", "task"])
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+@pytest.mark.timeout(30)
+def test_keyboard_interrupt_from_a_record_propagates_and_fails_the_run(
+        cls: type[_LoggedClose], exc_type: type[BaseException], loop_name: str) -> None:
+    """KeyboardInterrupt and SystemExit leave the loop, as they leave a Task's step; the
+    record is over (its code ended), so if the loop goes on the run has failed with the
+    same exception instead of hanging or losing the record."""
+    raised = exc_type("stop")
+    log: list[Any] = []
+    loop = asyncio.new_event_loop() if loop_name == "asyncio" else uvloop.new_event_loop()
+    op = ast.KeyedOperator(cls(log), key_selector=lambda r: r[0], backend=_slow(1))
+
+    async def body() -> None:
+        async with op:
+            await op.process(("a", raised))
+            await op.drain()
+
+    try:
+        task = loop.create_task(body())
+        with pytest.raises(exc_type) as first:
+            loop.run_until_complete(task)
+        assert first.value is raised
+        # The loop goes on: drain raises the run's failure, and the task ends with it (as
+        # a Task does, its step re-raises it out of the loop; uvloop may have finished the
+        # task in the same pass already). run_until_complete would wait forever on a task
+        # that ended so, by asyncio's design: the loop runs in slices instead.
+        for _ in range(100):
+            if task.done():
+                break
+            loop.call_later(0.01, loop.stop)
+            try:
+                loop.run_forever()
+            except exc_type as again:
+                assert again is raised
+        assert task.done() and task.exception() is raised
+        assert op._controller is not None and op._controller.failure is raised
+        assert op._controller.in_flight_record_num == 0  # the record was released
+        assert log == ["close"]
+    finally:
+        loop.close()
 
 
 # -- stack depth ----------------------------------------------------------------------------

@@ -220,8 +220,9 @@ def test_a_base_exception_from_a_later_callback_still_settles_the_deep_chain(
 @pytest.mark.parametrize("links", [10, 40, 100])
 def test_a_base_exception_leaves_no_deferred_future_holding_the_record(links: int) -> None:
     # Deferred futures hold their record's reference until they settle. After a callback
-    # of the head lets a BaseException through, only the head (whose completion it
-    # interrupted) still holds one: every future of the chain has settled and let go.
+    # of the head lets a BaseException through, every future of the chain has settled and
+    # let go, the head too (it is done): only the future of the raising callback, which
+    # never completes, still holds one.
     ctx = RecordContext("record", "k", b"k", 0, None)
     head: StateFuture[int] = StateFuture(ctx)
     end: StateFuture[int] = head
@@ -236,7 +237,8 @@ def test_a_base_exception_leaves_no_deferred_future_holding_the_record(links: in
     with pytest.raises(KeyboardInterrupt):
         head._complete(0)
     assert end.result() == links
-    assert ctx.ref_count == 2  # the head, and the then_accept future that never completed
+    assert head.done()
+    assert ctx.ref_count == 1  # the then_accept future that never completed
 
 
 class DeepCounter(ast.KeyedProcessFunction):
