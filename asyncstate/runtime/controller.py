@@ -404,8 +404,22 @@ class AsyncExecutionController:
             return
         del self._in_executor[id(batch)]
         self.batches_in_executor -= 1
-        for i in range(len(batch)):  # lengths checked above; cheaper than zip compiled
-            batch[i].future._complete(results[i])
+        n = len(batch)
+        i = 0
+        escaped: BaseException | None = None
+        while i < n:  # lengths checked above
+            try:
+                while i < n:
+                    fut = batch[i].future
+                    i += 1
+                    fut._complete(results[i - 1])
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the rest
+                # A callback let a BaseException through: the batch's other futures still
+                # complete, so no record waits forever for its result.
+                if escaped is None:
+                    escaped = exc
+        if escaped is not None:
+            raise escaped
 
     # -- disposal --------------------------------------------------------------------------
 

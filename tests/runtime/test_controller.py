@@ -555,6 +555,40 @@ def test_base_exception_from_a_callback_propagates_out_of_the_delivery() -> None
     assert h.aec.failure is info.value
 
 
+class BaseBoom(BaseException):
+    """Neither an Exception nor KeyboardInterrupt/SystemExit/CancelledError."""
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, BaseBoom])
+def test_a_base_exception_from_a_callback_still_completes_the_rest_of_the_batch(
+        exc_type: type[BaseException]) -> None:
+    """The other futures of the batch complete before the exception goes on, so their
+    records finish. The run fails with the exception, as with an Exception of user code;
+    KeyboardInterrupt also leaves the delivery."""
+    h = Harness()
+    raised = exc_type("stop")
+
+    def stop(_v: Any) -> None:
+        raise raised
+
+    h.new_record("r1", "k1")
+    h.get().then_accept(stop)
+    h.new_record("r2", "k2")
+    second = h.get()
+    got: list[Any] = []
+    second.then_accept(got.append)
+    h.aec.trigger_if_needed(True)
+    if exc_type is KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt) as info:
+            h.executor.complete_next_batch()
+        assert info.value is raised
+    else:
+        h.executor.complete_next_batch()
+    assert h.aec.failure is raised
+    assert second.done() and got == [None]
+    assert h.aec.in_flight_record_num == 1  # r1: its callback's future never completes
+
+
 def test_executor_error_on_a_request_fails_its_batch() -> None:
     h = Harness()
     broken = FakeState("broken", None)  # no handle: the store cannot execute it
