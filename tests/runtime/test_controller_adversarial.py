@@ -886,6 +886,91 @@ def test_injected_backend_failures_fail_the_run_with_the_original_error_and_keep
     assert seen["backend"]._closed
 
 
+class _BaseBoom(BaseException):
+    """A user failure that is not an Exception (nor KeyboardInterrupt, SystemExit or
+    CancelledError)."""
+
+
+class FailingMixed(Mixed):
+    """Mixed, except that the record tagged `bad_tag` raises `exc` before writing anything:
+    from the plain body ("sync"), from a callback ("callback"), or from an async def after
+    a state await ("state-await") or after a real sleep ("sleep-await", inside a Task)."""
+
+    def __init__(self, bad_tag: int, where: str, exc: BaseException) -> None:
+        self.bad_tag, self.where, self.exc = bad_tag, where, exc
+
+    def process_element(self, record: Any, ctx: Any) -> Any:
+        if record[2] != self.bad_tag:
+            return super().process_element(record, ctx)
+        if self.where == "sync":
+            raise self.exc
+        if self.where == "callback":
+            def fail(_v: Any) -> None:
+                raise self.exc
+            return self.count.value().then_accept(fail)
+        return self._fail_async()
+
+    async def _fail_async(self) -> None:
+        await self.count.value()
+        if self.where == "sleep-await":
+            await asyncio.sleep(0.0005)
+        raise self.exc
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+@settings(max_examples=slow_examples(30), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenario, data=st.data(),
+       where=st.sampled_from(["sync", "callback", "state-await", "sleep-await"]),
+       exc_type=st.sampled_from([Boom, _BaseBoom, asyncio.CancelledError]),
+       latency=st.sampled_from([None, 0, 0.3]))
+@pytest.mark.timeout(120)
+def test_a_failing_record_fails_the_run_with_its_exception_and_the_rest_match_the_model(
+        loop_name: str, sc: dict[str, Any], data: Any, where: str,
+        exc_type: type[BaseException], latency: float | None) -> None:
+    """Whatever record fails, wherever and with whatever exception: the run fails with it
+    (it does not hang), and every output emitted matches the sequential model of the run
+    without that record (records of its key behind it may still run)."""
+    import uvloop
+    records = [(k, kind, i) for i, (k, kind) in enumerate(sc["records"])]
+    bad_tag = data.draw(st.integers(0, len(records) - 1), label="bad_tag")
+    raised = exc_type("user failure")
+    config = ast.AsyncStateConfig(batch_size=sc["batch_size"],
+                                  max_in_flight=sc["max_in_flight"],
+                                  buffer_timeout_ms=sc["buffer_timeout_ms"])
+    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        backend = heap() if latency is None else remote(latency)
+        op = ast.KeyedOperator(FailingMixed(bad_tag, where, raised), key_selector=first,
+                               backend=backend, config=config)
+        seen["op"], seen["backend"] = op, backend
+        try:
+            async with op:
+                await asyncio.wait_for(_drive(op, sc, records), 20)
+        except TimeoutError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the run's failure, checked below
+            seen["exc"] = exc
+        seen["outputs"] = op.outputs()
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
+    failure = seen["op"].controller.failure
+    assert seen["exc"] is failure
+    if exc_type is asyncio.CancelledError:
+        # An async def record's cancellation is reported with the record's key.
+        assert isinstance(failure, asyncio.CancelledError)
+    else:
+        assert failure is raised
+    expected = {out[3]: out for outs in sequential_model(
+        [r for r in records if r[2] != bad_tag]).values() for out in outs}
+    for out in seen["outputs"]:
+        assert out == expected[out[3]]
+    assert seen["backend"]._closed
+
+
 # -- failures observed by user code in a real Task -----------------------------------------
 
 
