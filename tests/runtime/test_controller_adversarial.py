@@ -766,14 +766,20 @@ async def _drive(op: ast.KeyedOperator, sc: dict[str, Any],
     await op.drain()
 
 
-def _run_scenario(loop_name: str, sc: dict[str, Any], make: Any) -> tuple[list[Any], Any]:
+def _scenario_setup(loop_name: str, sc: dict[str, Any], **config: Any) -> tuple[
+        list[tuple[Any, str, int]], ast.AsyncStateConfig, Any]:
+    """A scenario's tagged records, its operator config and the event loop factory."""
     import uvloop
     records = [(k, kind, i) for i, (k, kind) in enumerate(sc["records"])]
-    config = ast.AsyncStateConfig(batch_size=sc["batch_size"],
-                                  max_in_flight=sc["max_in_flight"],
-                                  buffer_timeout_ms=sc["buffer_timeout_ms"],
-                                  iterator_chunk_size=2)
+    op_config = ast.AsyncStateConfig(
+        batch_size=sc["batch_size"], max_in_flight=sc["max_in_flight"],
+        buffer_timeout_ms=sc["buffer_timeout_ms"], **config)
     factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
+    return records, op_config, factory
+
+
+def _run_scenario(loop_name: str, sc: dict[str, Any], make: Any) -> tuple[list[Any], Any]:
+    records, config, factory = _scenario_setup(loop_name, sc, iterator_chunk_size=2)
 
     async def main() -> tuple[list[Any], Any]:
         op = ast.KeyedOperator(Mixed(), key_selector=first, backend=make(), config=config)
@@ -844,12 +850,7 @@ def test_random_interleavings_on_rocksdb_match_the_sequential_model(
 def test_injected_backend_failures_fail_the_run_with_the_original_error_and_keep_key_order(
         loop_name: str, sc: dict[str, Any], latency: float, io: int, p: float,
         seed: int) -> None:
-    import uvloop
-    records = [(k, kind, i) for i, (k, kind) in enumerate(sc["records"])]
-    config = ast.AsyncStateConfig(batch_size=sc["batch_size"],
-                                  max_in_flight=sc["max_in_flight"],
-                                  buffer_timeout_ms=sc["buffer_timeout_ms"])
-    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
+    records, config, factory = _scenario_setup(loop_name, sc)
     seen: dict[str, Any] = {}
 
     async def main() -> None:
@@ -931,14 +932,9 @@ def test_a_failing_record_fails_the_run_with_its_exception_and_the_rest_match_th
     """Whatever record fails, wherever and with whatever exception: the run fails with it
     (it does not hang), and every output emitted matches the sequential model of the run
     without that record (records of its key behind it may still run)."""
-    import uvloop
-    records = [(k, kind, i) for i, (k, kind) in enumerate(sc["records"])]
+    records, config, factory = _scenario_setup(loop_name, sc)
     bad_tag = data.draw(st.integers(0, len(records) - 1), label="bad_tag")
     raised = exc_type("user failure")
-    config = ast.AsyncStateConfig(batch_size=sc["batch_size"],
-                                  max_in_flight=sc["max_in_flight"],
-                                  buffer_timeout_ms=sc["buffer_timeout_ms"])
-    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
     seen: dict[str, Any] = {}
 
     async def main() -> None:
