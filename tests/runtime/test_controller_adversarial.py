@@ -6,6 +6,7 @@ Each test asserts a promise of ARCHITECTURE.md / API.md / docs/api.md.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections import defaultdict
 from typing import Any
 
@@ -924,11 +925,11 @@ class FailingMixed(Mixed):
 @given(sc=scenario, data=st.data(),
        where=st.sampled_from(["sync", "callback", "state-await", "sleep-await"]),
        exc_type=st.sampled_from([Boom, _BaseBoom, asyncio.CancelledError]),
-       latency=st.sampled_from([None, 0, 0.3]))
+       backend_name=st.sampled_from(["heap", "remote0", "remote0.3", "rocksdb"]))
 @pytest.mark.timeout(120)
 def test_a_failing_record_fails_the_run_with_its_exception_and_the_rest_match_the_model(
         loop_name: str, sc: dict[str, Any], data: Any, where: str,
-        exc_type: type[BaseException], latency: float | None) -> None:
+        exc_type: type[BaseException], backend_name: str) -> None:
     """Whatever record fails, wherever and with whatever exception: the run fails with it
     (it does not hang), and every output emitted matches the sequential model of the run
     without that record (records of its key behind it may still run)."""
@@ -937,8 +938,13 @@ def test_a_failing_record_fails_the_run_with_its_exception_and_the_rest_match_th
     raised = exc_type("user failure")
     seen: dict[str, Any] = {}
 
-    async def main() -> None:
-        backend = heap() if latency is None else remote(latency)
+    async def main(directory: str) -> None:
+        if backend_name == "heap":
+            backend: Any = heap()
+        elif backend_name == "rocksdb":
+            backend = ast.RocksDBBackend(directory)
+        else:
+            backend = remote(float(backend_name.removeprefix("remote")))
         op = ast.KeyedOperator(FailingMixed(bad_tag, where, raised), key_selector=first,
                                backend=backend, config=config)
         seen["op"], seen["backend"] = op, backend
@@ -951,8 +957,9 @@ def test_a_failing_record_fails_the_run_with_its_exception_and_the_rest_match_th
             seen["exc"] = exc
         seen["outputs"] = op.outputs()
 
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(main())
+    with tempfile.TemporaryDirectory(prefix="asyncstate-test-") as directory, \
+            asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main(directory))
     failure = seen["op"].controller.failure
     assert seen["exc"] is failure
     if exc_type is asyncio.CancelledError:
