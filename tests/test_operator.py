@@ -9,7 +9,6 @@ import random
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -112,13 +111,11 @@ async def test_exception_in_block_closes_without_draining_and_reraises(make_back
         await fn.v.value()
         await never.wait()
 
-    started = time.perf_counter()
-    with pytest.raises(KeyError, match="from the block"):
-        async with operator(Step(), make_backend()) as op:
+    with pytest.raises(KeyError, match="from the block"):  # not TimeoutError: no drain
+        async with asyncio.timeout(5), operator(Step(), make_backend()) as op:
             await op.process(("a", stuck))
             await asyncio.sleep(0.01)
             raise KeyError("from the block")
-    assert time.perf_counter() - started < 1.0
 
 
 # -- ast.run ------------------------------------------------------------------------------
@@ -430,7 +427,7 @@ def _run_script(code: str, timeout: float = 3.0) -> str:
 
 
 _AFTER_SLEEP = """
-    import asyncio, time
+    import asyncio
     import asyncstate as ast
 
     class AfterSleep(ast.KeyedProcessFunction):
@@ -449,7 +446,11 @@ _AFTER_SLEEP = """
 """
 
 
-@pytest.mark.parametrize("buffer_timeout_ms", [0, 1000])
+# No buffer timeout, or one of an hour: waiting for it fails as a hang (_run_script).
+_NO_OR_LONG_BUFFER_TIMEOUT = pytest.mark.parametrize("buffer_timeout_ms", [0, 3_600_000])
+
+
+@_NO_OR_LONG_BUFFER_TIMEOUT
 def test_drain_sends_partial_batches_at_once(buffer_timeout_ms):
     """drain() sends partial batches at once: requests issued while it waits (here from a
     record's Task) must not wait for the buffer timeout, nor hang when there is none (0)."""
@@ -459,28 +460,22 @@ def test_drain_sends_partial_batches_at_once(buffer_timeout_ms):
                                      config=config) as op:
             for k in ["a", "b"]:
                 await op.process(k)
-            started = time.perf_counter()
             await op.drain()
-            print(round(time.perf_counter() - started, 3), sorted(op.outputs()))
+            print(sorted(op.outputs()))
 
     asyncio.run(main())
     """)
-    seconds, outputs = out.split(" ", 1)
-    assert outputs.strip() == "[('a', None), ('b', None)]"
-    assert float(seconds) < 0.5
+    assert out.strip() == "[('a', None), ('b', None)]"
 
 
-@pytest.mark.parametrize("buffer_timeout_ms", [0, 1000])
+@_NO_OR_LONG_BUFFER_TIMEOUT
 def test_run_does_not_wait_for_the_buffer_timeout(buffer_timeout_ms):
     out = _run_script(_AFTER_SLEEP.replace("BUFFER_TIMEOUT_MS", str(buffer_timeout_ms)) + """
-    started = time.perf_counter()
     out = ast.run(AfterSleep(), ["a", "b"], key_selector=lambda r: r, backend=backend(),
                   config=config)
-    print(round(time.perf_counter() - started, 3), sorted(out))
+    print(sorted(out))
     """)
-    seconds, outputs = out.split(" ", 1)
-    assert outputs.strip() == "[('a', None), ('b', None)]"
-    assert float(seconds) < 0.5
+    assert out.strip() == "[('a', None), ('b', None)]"
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -518,9 +513,10 @@ def test_exit_on_exception_with_a_record_awaiting_state_in_a_task_does_not_hang(
 
 
 def test_run_failure_while_a_record_awaits_state_in_a_task_does_not_hang():
-    """A failure fails ast.run promptly even while another record's Task awaits a batch."""
+    """A failure ends ast.run, without hanging, even while another record's Task awaits a
+    batch."""
     out = _run_script("""
-    import asyncio, time
+    import asyncio
     import asyncstate as ast
 
     class Fn(ast.KeyedProcessFunction):
@@ -534,14 +530,13 @@ def test_run_failure_while_a_record_awaits_state_in_a_task_does_not_hang():
             await asyncio.sleep(0)
             await self.v.value()  # pending (200 ms batch) when "bad" fails the run
 
-    started = time.perf_counter()
     try:
         ast.run(Fn(), ["a", "bad"], key_selector=lambda r: r,
                 backend=ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=200))
     except ValueError as exc:
-        print(repr(exc), time.perf_counter() - started < 1.0)
+        print(repr(exc))
     """)
-    assert out.split() == ["ValueError('boom')", "True"]
+    assert out.split() == ["ValueError('boom')"]
 
 
 @pytest.mark.timeout(10)
@@ -822,12 +817,17 @@ FAILURES = {
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("how", list(FAILURES))
 def test_run_raises_user_failures_promptly(how, make_backend):
+    """The run raises the failure without waiting for the other records: an async function
+    also has a record in flight that never finishes (waiting for it would hang)."""
     function, expected = FAILURES[how]
-    records = [(i, "ok") for i in range(20)] + [("bad", how)] + [(i, "ok") for i in range(20)]
-    started = time.perf_counter()
+    if function is Failing:
+        fn, stuck = Failing(), []
+    else:
+        fn, stuck = FailingAsync(stuck=asyncio.Event()), [("s", "stuck")]
+    records = ([(i, "ok") for i in range(20)] + stuck + [("bad", how)]
+               + [(i, "ok") for i in range(20)])
     with pytest.raises(expected):
-        ast.run(function(), records, key_selector=first, backend=make_backend())
-    assert time.perf_counter() - started < 1.0
+        ast.run(fn, records, key_selector=first, backend=make_backend())
 
 
 @pytest.mark.timeout(10)
@@ -835,29 +835,25 @@ def test_run_raises_user_failures_promptly(how, make_backend):
 async def test_drain_raises_user_failures_promptly_even_with_stuck_records(how, make_backend):
     _, expected = FAILURES[how]
     fn = FailingAsync(stuck=asyncio.Event())  # plain kinds run in the sync part of its body
-    started = time.perf_counter()
-    with pytest.raises(expected):
-        async with operator(fn, make_backend()) as op:
+    with pytest.raises(expected):  # not TimeoutError: the stuck record is not waited for
+        async with asyncio.timeout(5), operator(fn, make_backend()) as op:
             await op.process(("s", "stuck"))
             for i in range(10):
                 await op.process((i, "ok"))
             await op.process(("bad", how))
             await op.drain()
-    assert time.perf_counter() - started < 1.0
 
 
 @pytest.mark.timeout(10)
-def test_failing_backend_batch_fails_run_promptly():
+def test_failing_backend_batch_fails_the_run():
     backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0,
                                          failure_probability=1.0)
-    started = time.perf_counter()
     with pytest.raises(ast.InjectedFailure):
         ast.run(Counter(), [(i, i) for i in range(10)], key_selector=first, backend=backend)
-    assert time.perf_counter() - started < 1.0
 
 
 @pytest.mark.timeout(10)
-async def test_failing_backend_batch_fails_drain_promptly():
+async def test_failing_backend_batch_fails_drain():
     backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0,
                                          failure_probability=1.0)
     seen = []
@@ -870,13 +866,11 @@ async def test_failing_backend_batch_fails_drain_promptly():
                 seen.append(exc)
                 raise
 
-    started = time.perf_counter()
     with pytest.raises(ast.InjectedFailure) as info:
-        async with operator(Fn(), backend) as op:
+        async with asyncio.timeout(5), operator(Fn(), backend) as op:
             for i in range(10):
                 await op.process((i, i))
             await op.drain()
-    assert time.perf_counter() - started < 1.0
     assert seen and all(isinstance(e, ast.InjectedFailure) for e in seen)
     assert isinstance(info.value, ast.AsyncStateError)
 

@@ -327,7 +327,6 @@ def test_max_parallelism_32768_with_few_non_empty_key_groups(tmp_path):
     chk = checkpoint_path(tmp_path, 1)
     max_p = 32768
     kgs = [0, 1, 16383, 16384, 32767]
-    started = time.perf_counter()
     m = write_part(chk, parallelism=1, operator_index=0, max_parallelism=max_p, states={},
                    key_groups=[(kg, [kg, "x"]) for kg in reversed(kgs)])
     assert sorted(m.key_groups) == kgs
@@ -337,7 +336,6 @@ def test_max_parallelism_32768_with_few_non_empty_key_groups(tmp_path):
     cp.verify()
     got = {kg: list(r) for kg, r in cp.read_key_groups(KeyGroupRange(0, max_p - 1))}
     assert got == {kg: [kg, "x"] for kg in kgs}
-    assert time.perf_counter() - started < 10
     with pytest.raises(CheckpointError, match=r"key group 32768 is outside"):
         write_part(checkpoint_path(tmp_path, 2), parallelism=1, operator_index=0,
                    max_parallelism=max_p, states={}, key_groups=[(max_p, [1])])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -258,14 +257,12 @@ async def test_uncaught_unencodable_value_fails_the_operator_promptly(sh):
             await self.v.update(value[1])
 
     op = ast.KeyedOperator(Fn(), key_selector=lambda r: r[0], backend=sh.backend)
-    started = time.perf_counter()
     with pytest.raises(ast.SerializationError) as info:
         async with op:
             for i in range(20):
                 await op.process((i, i))
             await op.process(("bad", {1, 2}))
             await asyncio.wait_for(op.drain(), 5)
-    assert time.perf_counter() - started < 1.0
     assert info.value.state_name == "v"
     assert info.value.type_name == "set"
 
