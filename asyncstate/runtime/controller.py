@@ -404,15 +404,10 @@ class AsyncExecutionController:
             return
         del self._in_executor[id(batch)]
         self.batches_in_executor -= 1
-        n = len(batch)
-        i = 0
         escaped: BaseException | None = None
-        while i < n:  # lengths checked above
+        for i in range(len(batch)):  # lengths checked above; cheaper than zip compiled
             try:
-                while i < n:
-                    fut = batch[i].future
-                    i += 1
-                    fut._complete(results[i - 1])
+                batch[i].future._complete(results[i])
             except BaseException as exc:  # noqa: BLE001 - raised below, after the rest
                 # A callback let a BaseException through: the batch's other futures still
                 # complete, so no record waits forever for its result.
