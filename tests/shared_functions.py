@@ -17,6 +17,11 @@ def slow_examples(n: int) -> int:
     return n * SOAK_FACTOR if os.environ.get("ASYNCSTATE_HYPOTHESIS_PROFILE") == "soak" else n
 
 
+class BaseBoom(BaseException):
+    """A failure of user code that is neither an Exception nor KeyboardInterrupt, SystemExit
+    or CancelledError (as pytest's own outcomes are): it fails the run like any other."""
+
+
 class Counter(ast.KeyedProcessFunction):
     """async def style: read, increment, write, emit (key, count)."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from shared_functions import Counter
+from shared_functions import BaseBoom, Counter
 
 import asyncstate as ast
 
@@ -713,11 +713,6 @@ async def test_state_access_from_a_callback_that_outlived_its_record_raises(make
 
 class Boom(Exception):
     pass
-
-
-class BaseBoom(BaseException):
-    """Neither an Exception nor KeyboardInterrupt/SystemExit/CancelledError (as pytest's own
-    outcomes are): user code raising it fails the run like any other failure."""
 
 
 class Failing(ast.KeyedProcessFunction):

@@ -23,6 +23,7 @@ from runtime_harness import (
     settle,
     stack_depth,
 )
+from shared_functions import BaseBoom
 
 import asyncstate as ast
 from asyncstate.backends.heap import HeapBackend
@@ -553,10 +554,6 @@ def test_base_exception_from_a_callback_propagates_out_of_the_delivery() -> None
     # Never captured into the future; the run fails with it, so that nobody waits for the
     # record it interrupted if the loop goes on.
     assert h.aec.failure is info.value
-
-
-class BaseBoom(BaseException):
-    """Neither an Exception nor KeyboardInterrupt/SystemExit/CancelledError."""
 
 
 @pytest.mark.parametrize("exc_type", [KeyboardInterrupt, BaseBoom])

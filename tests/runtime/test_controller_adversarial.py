@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from shared_functions import BaseBoom, slow_examples
 
 import asyncstate as ast
 
@@ -888,11 +888,6 @@ def test_injected_backend_failures_fail_the_run_with_the_original_error_and_keep
     assert seen["backend"]._closed
 
 
-class _BaseBoom(BaseException):
-    """A user failure that is not an Exception (nor KeyboardInterrupt, SystemExit or
-    CancelledError)."""
-
-
 class FailingMixed(Mixed):
     """Mixed, except that the record tagged `bad_tag` raises `exc` before writing anything:
     from the plain body ("sync"), from a callback ("callback"), or from an async def after
@@ -924,7 +919,7 @@ class FailingMixed(Mixed):
           suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenario, data=st.data(),
        where=st.sampled_from(["sync", "callback", "state-await", "sleep-await"]),
-       exc_type=st.sampled_from([Boom, _BaseBoom, asyncio.CancelledError]),
+       exc_type=st.sampled_from([Boom, BaseBoom, asyncio.CancelledError]),
        backend_name=st.sampled_from(["heap", "remote0", "remote0.3", "rocksdb"]))
 @pytest.mark.timeout(120)
 def test_a_failing_record_fails_the_run_with_its_exception_and_the_rest_match_the_model(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import uvloop
-from shared_functions import Dynamic
+from shared_functions import BaseBoom, Dynamic
 
 import asyncstate as ast
 from asyncstate.runtime.driver import RecordTask
@@ -371,23 +371,19 @@ async def test_record_task_finally_runs_before_close_when_the_run_fails() -> Non
     assert exited == ["finally", "close"]
 
 
-class _BaseBoom(BaseException):
-    """Neither an Exception nor KeyboardInterrupt/SystemExit/CancelledError."""
-
-
 async def _base_before_await(fn: _Dynamic, ctx: ast.RecordContext) -> None:
-    raise _BaseBoom("before any await")
+    raise BaseBoom("before any await")
 
 
 async def _base_after_state_await(fn: _Dynamic, ctx: ast.RecordContext) -> None:
     await fn.v.update(1)
-    raise _BaseBoom("after a state await")
+    raise BaseBoom("after a state await")
 
 
 async def _base_after_real_await(fn: _Dynamic, ctx: ast.RecordContext) -> None:
     await fn.v.update(1)
     await asyncio.sleep(0.001)
-    raise _BaseBoom("after a real await")
+    raise BaseBoom("after a real await")
 
 
 _BASE_RAISERS = pytest.mark.parametrize(
@@ -412,7 +408,7 @@ async def test_a_base_exception_from_a_record_fails_the_run_with_it(
         pass
 
     backend = _slow(latency_ms) if latency_ms else ast.HeapBackend()
-    with pytest.raises(_BaseBoom, match=f"^{message}$"):
+    with pytest.raises(BaseBoom, match=f"^{message}$"):
         await _run(Fn(log), [("w", _sleep_long), ("a", raiser), ("a", raiser)], backend)
     assert log == ["finally", "close"]
 
