@@ -168,6 +168,17 @@ class RuntimeContext:
                 raise ValueError(f"operator state {name!r} is already declared with "
                                  f"{existing.mode.value} redistribution, not {mode.value}")
             return existing
+        restored = self._restored_from
+        if restored is not None:
+            restored_mode = restored.operator_modes.get(name)
+            if restored_mode is not None and restored_mode != mode.value:
+                # As in Flink: a restored operator state keeps its redistribution mode. An
+                # instance that does not declare it carries it in that mode, so a checkpoint
+                # holding it in two modes could not be restored.
+                raise ValueError(
+                    f"operator state {name!r} was restored with {restored_mode} "
+                    f"redistribution from {restored.path!r} and cannot be declared with "
+                    f"{mode.value} redistribution; declare it as before, or use another name")
         parts = self._restored.get(name, [])
         if mode is RedistributionMode.UNION:
             items = redistribute_union(parts, self._parallelism, self._operator_index)
@@ -193,8 +204,8 @@ class RuntimeContext:
         if restored is not None:
             for name, parts in restored.operator_parts.items():
                 if name not in snapshot:
-                    snapshot[name] = {
-                        "mode": restored.operator_modes[name],
-                        "items": carried_share(parts, self._parallelism, self._operator_index)}
+                    mode = restored.operator_modes[name]
+                    snapshot[name] = {"mode": mode, "items": carried_share(
+                        parts, mode, self._parallelism, self._operator_index)}
         return snapshot
 

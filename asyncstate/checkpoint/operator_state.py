@@ -14,7 +14,7 @@ Both are pure functions of the old lists, so every new instance computes its sha
 
 A restored operator list state that a run never declares is still written into that run's
 checkpoints (`carried_share`), so it survives a run that does not use it, as keyed state
-does.
+does. A restored state keeps its mode: declaring it with the other one is refused.
 """
 
 from __future__ import annotations
@@ -112,16 +112,24 @@ def _one_value(item: object) -> bool:
     return True
 
 
-def carried_share(parts: Sequence[Sequence[bytes]], new_parallelism: int,
+def carried_share(parts: Sequence[Sequence[bytes]], mode: str, new_parallelism: int,
                   index: int) -> list[bytes]:
-    """Instance `index`'s share of a restored operator list state that this run never
-    declared, to write into its next checkpoint so that the state is carried unchanged.
+    """Instance `index`'s share of a restored operator list state in `mode` (``"split"`` or
+    ``"union"``) that this run never declared, to write into its next checkpoint so that the
+    state is carried.
 
-    With unchanged parallelism each instance writes back its own old list; otherwise the
-    concatenation of the old lists is cut into `new_parallelism` contiguous slices. Either
-    way the next checkpoint's parts concatenate to the same elements in the same order, so
-    restoring it (split or union, at any parallelism) gives what restoring the old one would.
+    Split: the share declaring the state would give (`redistribute_even_split`). Instances
+    of one run that declare it and instances that do not then hold disjoint shares covering
+    every element once. Union: every instance is given everything, so each writes back a
+    slice instead: with unchanged parallelism its own old list, otherwise one of
+    `new_parallelism` contiguous slices of the concatenation. The next checkpoint's lists then
+    concatenate to the same elements in the same order, so restoring it gives what restoring
+    the old one would.
     """
+    if mode == "split":
+        return redistribute_even_split(parts, new_parallelism, index)
+    if mode != "union":
+        raise ValueError(f"mode must be 'split' or 'union', got {mode!r}")
     _check(new_parallelism, index)
     if len(parts) == new_parallelism:
         return list(parts[index])

@@ -10,7 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncstate.checkpoint.operator_state import redistribute_even_split, redistribute_union
+from asyncstate.checkpoint.operator_state import (
+    carried_share,
+    redistribute_even_split,
+    redistribute_union,
+)
 from asyncstate.errors import ConfigError
 
 
@@ -95,3 +99,23 @@ def test_even_split_preserves_the_multiset_over_any_rescale_chain(parts, chain):
     for p in chain:
         parts = rescale_even(parts, p)
         assert Counter(x for part in parts for x in part) == expected
+
+
+@given(parts=st.lists(st.lists(st.integers(), max_size=9), min_size=1, max_size=6),
+       new_parallelism=st.integers(1, 7))
+def test_carried_shares_partition_the_elements_as_declaring_instances_do(parts,
+                                                                       new_parallelism):
+    # split: exactly the share a declaring instance takes, so declaring and carrying
+    # instances of one run never overlap; union: slices that keep the concatenation.
+    split = [carried_share(parts, "split", new_parallelism, i) for i in range(new_parallelism)]
+    assert split == rescale_even(parts, new_parallelism)
+    union = [carried_share(parts, "union", new_parallelism, i) for i in range(new_parallelism)]
+    assert [x for part in union for x in part] == [x for part in parts for x in part]
+    assert max(map(len, union)) - min(map(len, union)) <= 1 or len(parts) == new_parallelism
+    if len(parts) == new_parallelism:
+        assert union == [list(part) for part in parts]
+
+
+def test_carried_share_of_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match=r"mode must be 'split' or 'union', got 'broadcast'"):
+        carried_share([[1]], "broadcast", 1, 0)
