@@ -168,7 +168,7 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
                f"{operator_index} of {parallelism} owns {kg_range.start}..{kg_range.end}")
     states = obj.get("states")
     if not isinstance(states, dict) or not all(
-            type(k) is str and type(v) is str for k, v in states.items()):
+            type(k) is str and k and type(v) is str for k, v in states.items()):
         m.fail(f"has invalid states: {states!r}")
     data_file = obj.get("data_file")
     if type(data_file) is not str or not _DATA_RE.fullmatch(data_file):

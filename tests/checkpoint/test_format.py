@@ -491,6 +491,8 @@ def test_symlinked_part_directory_leading_outside_is_rejected(tmp_path, sibling)
     ({"key_groups": [{"key_group": 1, "offset": 8, "size": 10**9, "records": 1, "crc32": 0}]},
      r"has an invalid 'size'"),
     ({"states": ["x"]}, r"has invalid states"),
+    ({"states": {"": "value"}}, r"has invalid states: \{'': 'value'\}"),
+    ({"states": {"v": 1}}, r"has invalid states"),
 ])
 def test_invalid_manifest_fields_are_rejected(tmp_path, changes, pattern):
     chk = checkpoint_path(tmp_path, 1)
