@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import os
 import threading
+import traceback
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -103,7 +104,10 @@ def _translate_error(exc: BaseException, path: str) -> BackendError:
     """Turn a rocksdict failure into a BackendError naming `path`. RocksDB errors arrive as a
     bare Exception, so the cause can only be read from the message text."""
     text = str(exc)
-    if "lock hold by current process" in text or "LOCK:" in text:
+    # The lock is held in this process (RocksDB's own table of locked files) or in another
+    # one (fcntl refused it). Other failures around the LOCK file, such as one that cannot
+    # be opened, are not "in use".
+    if "lock hold by current process" in text or "While lock file:" in text:
         return BackendError(
             f"RocksDB directory {path!r} is already in use (by this process or another); "
             f"close the RocksDBBackend that has it open, or use another path "
@@ -111,6 +115,20 @@ def _translate_error(exc: BaseException, path: str) -> BackendError:
     if isinstance(exc, rocksdict.DbClosedError):
         return BackendError(f"RocksDB database {path!r} is closed", path=path)
     return BackendError(f"RocksDB failed on {path!r}: {text}", path=path)
+
+
+def _release(exc: BaseException) -> None:
+    """Clear the variables of the finished frames in `exc`'s traceback (the scan helpers
+    take a column family as an argument).
+
+    A caller may keep a failure, with its traceback and the exceptions it chains, for as
+    long as it likes, and a database or column family object that one of those frames still
+    holds keeps RocksDB's LOCK: the directory could not be opened again, even after close().
+    For the same reason, the backend's methods that can fail keep no such object in a local
+    variable (or drop it before anything can fail): a frame that is still running, as the
+    one handling `exc`, is not cleared here. (The compiled build keeps no variables in
+    frames at all; the Python sources do.)"""
+    traceback.clear_frames(exc.__traceback__)
 
 
 # -- the backend ----------------------------------------------------------------------------
@@ -262,7 +280,7 @@ class RocksDBBackend:
         """Create or open the column family of state `name`. The kind is stored, and
         registering the name again with another kind raises ValueError, even after the
         directory is reopened."""
-        db = self._live_db()
+        self._live_db()
         name, kind = check_backend_state(name, kind)
         handle = self._handles.get(name)
         if handle is not None:
@@ -272,14 +290,14 @@ class RocksDBBackend:
                     f"{self._path!r}), cannot register it again as {kind.value} state")
             return handle
         cf_name = _CF_PREFIX + name
-        try:
-            if cf_name in self._families:
-                cf = db.get_column_family(cf_name)
-            else:
-                cf = db.create_column_family(cf_name, self._options.to_rocksdict()[0])
+        try:  # no local for the database or a column family (see _release)
+            if cf_name not in self._families:
+                self._live_db().create_column_family(cf_name, self._options.to_rocksdict()[0])
                 self._families.add(cf_name)
-            db.put(_KIND_PREFIX + name.encode(), kind.value.encode(), self._write_options)
-            handle = _StateHandle(name, kind, cf, db.get_column_family_handle(cf_name))
+            self._live_db().put(_KIND_PREFIX + name.encode(), kind.value.encode(),
+                                self._write_options)
+            handle = _StateHandle(name, kind, self._live_db().get_column_family(cf_name),
+                                  self._live_db().get_column_family_handle(cf_name))
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
             raise _translate_error(exc, self._path) from None
         self._handles[name] = handle
@@ -345,6 +363,8 @@ class RocksDBBackend:
         try:
             return scan(cf, lower, upper)
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            cf = None
+            _release(exc)
             raise self._failure(exc) from None
 
     def _abandon_lane(self) -> None:
@@ -510,14 +530,15 @@ class RocksDBBackend:
                     results[slot] = None if raw is None else decode_value(raw)
                 else:
                     results[~slot] = raw is not None
-        db = self._live_db()
+        # No local for the database: a failure's traceback keeps this frame, and a live
+        # database object keeps RocksDB's LOCK after close().
         write_options = self._write_options
         for step in job.steps:
             if type(step) is tuple:
                 index, cursor = step
                 results[index] = self._load(cursor)
             else:
-                db.write(step, write_options)  # type: ignore[arg-type]
+                self._live_db().write(step, write_options)  # type: ignore[arg-type]
         return results
 
     def _load(self, cursor: _Cursor) -> Any:
@@ -532,6 +553,9 @@ class RocksDBBackend:
             return _scan_is_empty(cf, lower, cursor.upper)
         chunk = self._chunk
         entries = _scan_items(cf, lower, cursor.upper, chunk + 1)
+        # Decoding may fail (bytes written by another program), and the failure's traceback
+        # keeps this frame: no column family may be left in it (see _apply).
+        del cf
         continuation = None
         if len(entries) > chunk:
             del entries[chunk:]
@@ -578,7 +602,7 @@ class RocksDBBackend:
         what the backend holds for each (state, key, namespace) they name, as HeapBackend
         does. The states must be registered first: an unknown state raises KeyError. List
         elements get fresh sequence numbers."""
-        db = self._live_db()
+        self._live_db()
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         handles = self._handles
@@ -594,14 +618,13 @@ class RocksDBBackend:
         check = check_value_bytes  # stored undecoded: damage must show here, not at a read
         seq = self._list_seq
         pending = 0
-        try:
+        try:  # no local for the database or a column family (see _release)
             for name, key_bytes, namespace, data in entries:
                 handle = handles.get(name)
                 if handle is None:
                     raise KeyError(f"state {name!r} of key group {key_group} is not registered; "
                                    f"call register_state({name!r}, kind) before restoring it")
                 prefix = lower + key_bytes + namespace
-                cf = handle.cf_handle
                 kind = handle.kind
                 if kind is StateKind.LIST or kind is StateKind.MAP:
                     if type(data) is not list and type(data) is not tuple:
@@ -609,16 +632,16 @@ class RocksDBBackend:
                             f"state {name!r} ({kind.value}) of key group {key_group} needs a "
                             f"list of entries, got {type(data).__name__}")
                     if name in occupied:
-                        wb.delete_range(prefix, _prefix_end(prefix), cf)
+                        wb.delete_range(prefix, _prefix_end(prefix), handle.cf_handle)
                     if kind is StateKind.LIST:
                         for value in data:
                             check(value)
-                            wb.put(prefix + pack(seq), value, cf)
+                            wb.put(prefix + pack(seq), value, handle.cf_handle)
                             seq += 1
                     else:
                         for user_key, value in data:
                             check(value)
-                            wb.put(prefix + user_key, value, cf)
+                            wb.put(prefix + user_key, value, handle.cf_handle)
                     pending += len(data)
                 else:
                     if type(data) is not bytes:
@@ -626,17 +649,18 @@ class RocksDBBackend:
                             f"state {name!r} ({kind.value}) of key group {key_group} needs "
                             f"msgpack bytes, got {type(data).__name__}")
                     check(data)
-                    wb.put(prefix, data, cf)
+                    wb.put(prefix, data, handle.cf_handle)
                     pending += 1
                 if pending >= _RESTORE_BATCH_ENTRIES:
                     self._list_seq = seq
-                    db.write(wb, self._write_options)
+                    self._live_db().write(wb, self._write_options)
                     wb = rocksdict.WriteBatch(raw_mode=True)
                     pending = 0
             self._list_seq = seq
             wb.put(_SEQ_KEY, pack(seq))
-            db.write(wb, self._write_options)
+            self._live_db().write(wb, self._write_options)
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            _release(exc)
             raise self._failure(exc) from None
 
     def discard_state(self) -> list[str]:
@@ -645,24 +669,24 @@ class RocksDBBackend:
         the database is as fresh. Returns the names of the dropped states (empty when there
         was nothing to drop). Only while no batch is under way: a backend with batches under way
         raises InvalidStateError."""
-        db = self._live_db()
+        self._live_db()
         if self._lane:
             raise InvalidStateError(
                 f"RocksDBBackend {self._path!r} has batches under way; its state can only be "
                 "discarded while no batch is under way")
         dropped = sorted(self._handles)
         if not self._families and self._list_seq == 0 and self._scan(
-                _scan_is_empty, db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
+                _scan_is_empty, self._live_db(), _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
             return dropped
         self._drop_handles()  # handles handed out before no longer reach the dropped families
-        try:
+        try:  # no local for the database (see _release)
             for cf_name in sorted(self._families):
-                db.drop_column_family(cf_name)
+                self._live_db().drop_column_family(cf_name)
             self._families.clear()
             wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete_range(_KIND_PREFIX, _prefix_end(_KIND_PREFIX))
             wb.delete(_SEQ_KEY)
-            db.write(wb, self._write_options)
+            self._live_db().write(wb, self._write_options)
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
             raise _translate_error(exc, self._path) from None
         self._list_seq = 0
@@ -676,10 +700,10 @@ class RocksDBBackend:
     def set_list_sequence(self, value: int) -> None:
         """Raise the list sequence counter to at least `value`, and store it."""
         check_int("list_sequence", value, 0, 2**64 - 1)
-        db = self._live_db()
+        self._live_db()
         if value > self._list_seq:
             self._list_seq = value
             try:
-                db.put(_SEQ_KEY, _SEQ.pack(value), self._write_options)
+                self._live_db().put(_SEQ_KEY, _SEQ.pack(value), self._write_options)
             except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
                 raise _translate_error(exc, self._path) from None

@@ -498,6 +498,17 @@ def test_translate_error_recognises_lock_failures():
                         r"another\); close the RocksDBBackend", str(err))
     err = _translate_error(Exception("Corruption: bad block"), "/data/db")
     assert str(err) == "RocksDB failed on '/data/db': Corruption: bad block"
+    # Failing to open the LOCK file is not contention.
+    denied = Exception("IO error: while open a file for lock: /data/db/LOCK: Permission denied")
+    assert str(_translate_error(denied, "/data/db")) == f"RocksDB failed on '/data/db': {denied}"
+
+
+def test_a_lock_path_that_cannot_be_opened_is_not_reported_as_in_use(tmp_path):
+    path = tmp_path / "db"
+    os.makedirs(path / "LOCK")  # nothing holds a lock: the LOCK file cannot be opened
+    with pytest.raises(BackendError, match=r"^RocksDB failed on .*LOCK: Is a directory") as info:
+        RocksDBBackend(path)
+    assert info.value.path == str(path)
 
 
 def test_opening_a_directory_twice_in_one_process_names_the_path(tmp_path):

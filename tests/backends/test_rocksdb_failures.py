@@ -23,7 +23,7 @@ from asyncstate.backends.rocksdb import (
     RocksDBBackend,
 )
 from asyncstate.backends.rocksdb_layout import _KIND_PREFIX, _SEQ_KEY
-from asyncstate.checkpoint.format import open_checkpoint
+from asyncstate.checkpoint.format import checkpoint_path, open_checkpoint, write_part
 from asyncstate.errors import BackendError, InvalidStateError
 from asyncstate.runtime.requests import StateKind, StateRequestType
 from asyncstate.serde import canonical_key
@@ -201,6 +201,14 @@ async def corrupt_collections(path: Path, keys: range) -> None:
     assert damaged
 
 
+def assert_reopens_while_held(path: Path, error: BaseException) -> None:
+    """`error` and its traceback (with every frame in it, and the exceptions it chains) are
+    still alive here: nothing in them may hold a database or column family object, which
+    would keep the directory locked."""
+    assert isinstance(error, BaseException)
+    RocksDBBackend(path).close()
+
+
 def damage_message(path: Path) -> str:
     return rf"^RocksDB failed on {re.escape(repr(str(path)))}: Corruption: block checksum "
 
@@ -222,6 +230,7 @@ async def test_corrupted_blocks_fail_an_iteration_instead_of_ending_it_early(
             await op.process((0, how))
             await op.drain()
     assert info.value.path == str(path)
+    assert_reopens_while_held(path, info.value)
 
 
 @pytest.mark.timeout(60)
@@ -229,12 +238,83 @@ async def test_corrupted_blocks_fail_a_snapshot_instead_of_leaving_state_out(tmp
     path = tmp_path / "db"
     await corrupt_collections(path, range(5))
     config = ast.AsyncStateConfig(max_parallelism=MAX_PARALLELISM)
-    with pytest.raises(ast.BackendError, match=damage_message(path)):
+    with pytest.raises(ast.BackendError, match=damage_message(path)) as info:
         async with ast.KeyedOperator(ReadCollections(), key_selector=lambda r: r[0],
                                      backend=RocksDBBackend(path), config=config) as op:
             await op.snapshot(tmp_path / "checkpoints", 1)
+    assert_reopens_while_held(path, info.value)
     with pytest.raises(ast.CheckpointError, match="no committed part"):
         open_checkpoint(tmp_path / "checkpoints" / "chk-1")
+
+
+# -- failures that do not come from storage, held by the caller ----------------------------
+
+
+class ListJob(ast.KeyedProcessFunction):
+    """("w", key) appends 1 to the key's list; ("r", key) emits the list."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.items = ctx.get_list_state(ast.ListStateDescriptor("items"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        if value[0] == "w":
+            await self.items.add(1)
+        else:
+            ctx.emit(await (await self.items.get()).to_list())
+
+
+async def test_an_unreadable_stored_element_fails_the_read_and_leaves_the_directory_free(
+        tmp_path):
+    path = tmp_path / "db"
+    config = ast.AsyncStateConfig(max_parallelism=MAX_PARALLELISM)
+    async with ast.KeyedOperator(ListJob(), key_selector=lambda r: r[1],
+                                 backend=RocksDBBackend(path), config=config) as op:
+        await op.process(("w", "k"))
+    # Another program overwrites the element with msgpack nested deeper than 1024 levels.
+    families = {name: rocksdict.Options(raw_mode=True) for name in rocksdict.Rdict.list_cf(
+        str(path)) if name != "default"}
+    db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True), column_families=families)
+    cf = db.get_column_family("state:items")
+    [(key, _)] = list(cf.items())
+    cf[key] = b"\x91" * 1100 + b"\x01"
+    del cf
+    db.close()
+    del db
+    with pytest.raises(ast.SerializationError, match=r"nested more than 1024 levels") as info:
+        async with ast.KeyedOperator(ListJob(), key_selector=lambda r: r[1],
+                                     backend=RocksDBBackend(path), config=config) as op:
+            await op.process(("r", "k"))
+            await op.drain()
+    assert_reopens_while_held(path, info.value)
+
+
+class ValueJob(ast.KeyedProcessFunction):
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        await self.v.update(value)
+
+
+@pytest.mark.parametrize("case", ["damaged-value", "other-kind"])
+async def test_a_failed_restore_leaves_the_directory_free(tmp_path, case):
+    chk = checkpoint_path(tmp_path, 1)
+    kg = ast.assign_to_key_group("k", MAX_PARALLELISM)
+    # "v" holds one value: b"\x91" (a list header without its element) does not decode.
+    value = b"\x91" if case == "damaged-value" else msgpack.packb(1)
+    kind = "value" if case == "damaged-value" else "list"
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=MAX_PARALLELISM,
+               states={"v": kind}, key_groups=[(kg, [[0, 1], ["v", canonical_key("k"),
+                                                                  msgpack.packb(None), value]])])
+    path = tmp_path / "db"
+    with pytest.raises(ast.CheckpointError) as info:
+        async with ast.KeyedOperator(ValueJob(), key_selector=lambda r: r,
+                                     backend=RocksDBBackend(path), restore_from=chk,
+                                     config=ast.AsyncStateConfig(
+                                         max_parallelism=MAX_PARALLELISM)):
+            pass  # pragma: no cover
+    assert ("malformed state entries" if case == "damaged-value" else "list") in str(info.value)
+    assert_reopens_while_held(path, info.value)
 
 
 # -- argument and lifecycle checks ----------------------------------------------------------
