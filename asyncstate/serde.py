@@ -30,6 +30,7 @@ __all__ = [
     "NONE_BYTES",
     "Packed",
     "canonical_key",
+    "check_key_bytes",
     "check_value_bytes",
     "decode_key",
     "decode_ordered_i64",
@@ -59,6 +60,7 @@ _packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _MAX_DEPTH: Final = 1024
 _TOO_DEEP: Final = f"it is nested more than {_MAX_DEPTH} levels deep, the most msgpack decodes"
 _CONTAINER_HEADS: Final = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+_MAP_HEADS: Final = bytes([*range(0x80, 0x90), 0xDE, 0xDF])
 
 
 def _too_deep(data: bytes) -> bool:
@@ -162,7 +164,27 @@ def to_stored(value: object, state_name: str) -> Any:
             f"value of state {state_name!r} cannot be encoded with msgpack ({tp.__name__}): "
             f"{_TOO_DEEP}",
             state_name=state_name, type_name=tp.__name__)
+    if _map_in_map_key(data):
+        raise SerializationError(
+            f"value of state {state_name!r} cannot be read back ({tp.__name__}): a dict key "
+            "is or holds a dict (a hashable dict subclass packs as a map, which decodes as an "
+            "unhashable dict)", state_name=state_name, type_name=tp.__name__)
     return Packed(data)
+
+
+def _map_in_map_key(data: bytes) -> bool:
+    """True if `data` (msgpack that packed) has a map inside a map key, which no decoder
+    can build (a dict is unhashable). Only bytes with two map heads or more can: others
+    skip the trial decode."""
+    if len(data) - len(data.translate(None, _MAP_HEADS)) < 2:
+        return False
+    try:
+        decode_value(data)
+    except TypeError:
+        return True
+    except SerializationError:
+        return False
+    return False
 
 
 def _pack_value(value: object) -> bytes:
@@ -199,21 +221,36 @@ def decode_value(data: bytes) -> Any:
             f"a stored value cannot be read back: {_TOO_DEEP}", type_name="bytes") from None
 
 
-def check_value_bytes(data: bytes) -> None:
+def check_value_bytes(data: object) -> None:
     """Raise ValueError (TypeError for a non-bytes `data`) unless `data` is the msgpack
     bytes of exactly one value that `decode_value` reads back. Restores check value bytes
     they store undecoded, so damage shows at restore, naming the checkpoint file, not at a
     later read."""
+    _check_one(data, False)
+
+
+def check_key_bytes(data: object) -> None:
+    """As `check_value_bytes`, for the bytes of one key that `decode_key` reads back:
+    restores check the map user keys they store."""
+    _check_one(data, True)
+
+
+def _check_one(data: object, key: bool) -> None:
+    # Typed as object, so that the compiled build raises this TypeError, not its own.
+    what = "key" if key else "value"
     if type(data) is not bytes:
-        raise TypeError(f"stored value bytes must be bytes, got {type(data).__name__}")
+        raise TypeError(f"stored {what} bytes must be bytes, got {type(data).__name__}")
     try:
-        decode_value(data)
+        if key:
+            decode_key(data)
+        else:
+            decode_value(data)
     except SerializationError as exc:
         raise ValueError(str(exc)) from None
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         shown = data if len(data) <= 16 else data[:16] + b"..."
-        raise ValueError(f"stored value bytes {shown!r} are not the msgpack bytes of one value "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise ValueError(f"stored {what} bytes {shown!r} are not the msgpack bytes of one "
+                         f"{what} ({type(exc).__name__}: {exc})") from None
 
 
 def _lists(obj: Any) -> Any:

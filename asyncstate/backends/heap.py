@@ -24,6 +24,7 @@ from asyncstate.runtime.requests import (
 from asyncstate.serde import (
     NONE_BYTES,
     Packed,
+    check_key_bytes,
     check_value_bytes,
     decode_key,
     decode_value,
@@ -88,6 +89,13 @@ def _checked_packed(data: bytes) -> Packed:
     """Restored container bytes, kept packed once they are known to decode."""
     check_value_bytes(data)
     return Packed(data)
+
+
+def _checked_user_key(data: object) -> Any:
+    """Restored map user key bytes, kept encoded once they are known to decode. (Typed as
+    object, so that the compiled build raises check_key_bytes' error, not its own.)"""
+    check_key_bytes(data)
+    return data
 
 
 def _entry(item: tuple[bytes, Any]) -> tuple[Any, Any]:
@@ -237,7 +245,8 @@ class HeapBackend:
                     table[_table_key(key_bytes, ns)] = [_from_bytes(x) for x in data]
             elif kind is StateKind.MAP:
                 for _, key_bytes, ns, data in run:
-                    table[_table_key(key_bytes, ns)] = {uk: _from_bytes(v) for uk, v in data}
+                    table[_table_key(key_bytes, ns)] = {_checked_user_key(uk): _from_bytes(v)
+                                                        for uk, v in data}
             else:  # value, reducing, aggregating; _from_bytes inlined (hot loop)
                 data = None
                 try:

@@ -64,7 +64,7 @@ from asyncstate.config import check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
-from asyncstate.serde import check_value_bytes, decode_key, decode_value
+from asyncstate.serde import check_key_bytes, check_value_bytes, decode_key, decode_value
 
 __all__ = [
     "DEFAULT_BLOCK_CACHE_BYTES",
@@ -640,6 +640,7 @@ class RocksDBBackend:
                             seq += 1
                     else:
                         for user_key, value in data:
+                            check_key_bytes(user_key)
                             check(value)
                             wb.put(prefix + user_key, value, handle.cf_handle)
                     pending += len(data)

@@ -106,7 +106,7 @@ def _one_value(item: object) -> bool:
     """True if `item` is the msgpack bytes of exactly one value, as the state decodes it
     (`serde.decode_value`: dicts may have tuple keys)."""
     try:
-        check_value_bytes(item)  # type: ignore[arg-type]
+        check_value_bytes(item)
     except (ValueError, TypeError):
         return False
     return True

@@ -84,6 +84,31 @@ def test_state_entry_nested_too_deep_fails_the_restore_with_checkpoint_error(tmp
         backend.close()
 
 
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+@pytest.mark.parametrize(("user_key", "shown"), [
+    (b"\xc1", r"stored key bytes b'\\xc1' are not the msgpack bytes of one key"),
+    (b"\x01\x02", r"stored key bytes b'\\x01\\x02' are not the msgpack bytes of one key"),
+    ("a", r"stored key bytes must be bytes, got str"),
+])
+def test_map_entry_whose_user_key_does_not_decode_fails_the_restore(tmp_path, kind, user_key,
+                                                                    shown):
+    """A user key is checked as a value is, so the damage names the file at restore
+    instead of failing the first read of the map's keys."""
+    chk = checkpoint_path(tmp_path, 1)
+    kg = ast.assign_to_key_group("k", MAX_P)
+    entry = ["m", canonical_key("k"), canonical_key(None),
+             [[canonical_key("ok"), msgpack.packb(1)], [user_key, msgpack.packb(2)]]]
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=MAX_P,
+               states={"m": "map"}, key_groups=[(kg, [[0, 1], entry])])
+    backend = _backend(kind, tmp_path)
+    try:
+        with pytest.raises(CheckpointError, match=rf"^key group {kg} of data file .*: "
+                                                  rf"malformed state entries .*{shown}"):
+            restore_snapshot(backend, open_checkpoint(chk), KeyGroupRange(0, MAX_P - 1), MAX_P)
+    finally:
+        backend.close()
+
+
 def test_operator_state_element_nested_too_deep_is_a_checkpoint_error(tmp_path):
     chk = checkpoint_path(tmp_path, 1)
     _write_one_part(chk, [], extra={"operator_state": {

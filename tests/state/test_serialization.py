@@ -164,10 +164,17 @@ def _nested_too_deep() -> list:
     return v
 
 
+class _HashableDict(dict):
+    """Packs as a msgpack map, which no decoder can make a dict key."""
+
+    def __hash__(self):
+        return 0
+
+
 BAD_VALUES = [object(), 2**64, -(2**63) - 1, "\ud800", {1, 2}, [1, object()],
-              {"k": {1, 2}}, frozenset({1}), _nested_too_deep()]
+              {"k": {1, 2}}, frozenset({1}), _nested_too_deep(), {_HashableDict(a=1): "x"}]
 BAD_IDS = ["object", "int-2**64", "int-below-min", "lone-surrogate", "set", "list-with-object",
-           "dict-with-set", "frozenset", "nested-one-level-too-deep"]
+           "dict-with-set", "frozenset", "nested-one-level-too-deep", "dict-as-dict-key"]
 
 
 def _write_calls(s, bad):
