@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 from typing import Any, NamedTuple
 
 from asyncstate.config import check_int
@@ -40,6 +41,21 @@ FORMAT_VERSION = 1
 FORMAT_NAME = "asyncstate-checkpoint"
 MANIFEST_NAME = "_MANIFEST.json"
 DATA_MAGIC = b"ASCKPT\x00\x01"
+_MAX_MANIFEST_BYTES = 64 << 20
+
+
+def _read_regular_file(path: str, limit: int = _MAX_MANIFEST_BYTES) -> bytes:
+    """The bytes of `path`, which must be a regular file of at most `limit` bytes (a FIFO or
+    device would block or never end). OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path!r} is not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path!r} has {st.st_size} bytes, more than a manifest has "
+                          f"({limit})")
+        return f.read(limit + 1)
 
 # Data file names are plain names inside the part directory: no separators, no "..".
 _DATA_RE = re.compile(r"data-[0-9A-Za-z_-]{1,128}\.bin")

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import re
-import stat
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, BinaryIO, NoReturn
@@ -23,12 +22,14 @@ import msgpack
 
 from asyncstate.checkpoint.layout import (
     _DATA_RE,
+    _MAX_MANIFEST_BYTES,
     DATA_MAGIC,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
     KeyGroupEntry,
     PartManifest,
+    _read_regular_file,
     part_name,
 )
 from asyncstate.config import MAX_MAX_PARALLELISM
@@ -41,7 +42,6 @@ __all__ = ["Checkpoint", "open_checkpoint"]
 _PART_RE = re.compile(r"part-(0|[1-9][0-9]{0,4})-(0|[1-9][0-9]{0,4})")
 _CRC_MAX = 2**32
 _MAX_RECORDS = 2**32 - 1  # the most elements a msgpack array holds
-_MAX_MANIFEST_BYTES = 64 << 20
 
 
 def _ranges(key_groups: Iterable[int]) -> str:
@@ -116,20 +116,6 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"the key {key!r} appears twice in one object")
         obj[key] = value
     return obj
-
-
-def _read_regular_file(path: str, limit: int) -> bytes:
-    """The bytes of `path`, which must be a regular file of at most `limit` bytes (a FIFO or
-    device would block or never end). OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with open(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path!r} is not a regular file")
-        if st.st_size > limit:
-            raise OSError(f"{path!r} has {st.st_size} bytes, more than a manifest has "
-                          f"({limit})")
-        return f.read(limit + 1)
 
 
 def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: int) -> PartManifest:
@@ -410,14 +396,25 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     real_root = os.path.realpath(root)
     parts: list[PartManifest] = []
     uncommitted: list[str] = []
-    for name in sorted(os.listdir(root)):
+    try:
+        names = sorted(os.listdir(root))
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {root!r} cannot be listed: {exc}",
+                              path=root) from exc
+    for name in names:
         match = _PART_RE.fullmatch(name)
         part_dir = os.path.join(root, name)
         if match is None or not os.path.isdir(part_dir):
             continue
-        if not os.path.exists(os.path.join(part_dir, MANIFEST_NAME)):
+        manifest_path = os.path.join(part_dir, MANIFEST_NAME)
+        try:
+            os.lstat(manifest_path)
+        except FileNotFoundError:
             uncommitted.append(name)
             continue
+        except OSError as exc:  # say, a part directory that cannot be searched
+            raise CheckpointError(f"checkpoint manifest {manifest_path!r} cannot be read: "
+                                  f"{exc}", path=manifest_path) from exc
         parts.append(_read_manifest(real_root, part_dir, int(match[1]), int(match[2])))
     if not parts:
         hint = (f" ({', '.join(uncommitted)} never committed: its writer did not finish)"
@@ -433,6 +430,13 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             f"({described})", path=root)
     max_p = max_ps.pop()
     _check_coverage(root, parts, max_p, uncommitted)
+    if len({p.parallelism for p in parts}) > 1:
+        # They tile the key groups, but come from runs at different parallelisms (a run
+        # that crashed, then a rerun of the same id at another parallelism).
+        raise CheckpointError(
+            f"checkpoint {root!r} mixes parts written at different parallelisms "
+            f"({', '.join(p.name for p in parts)}): a checkpoint id written again at another "
+            f"parallelism is not a checkpoint", path=root)
     states: dict[str, str] = {}
     for p in parts:
         for state, kind in p.states.items():

@@ -36,17 +36,20 @@ from asyncstate.checkpoint.layout import (
     MANIFEST_NAME,
     KeyGroupEntry,
     PartManifest,
+    _read_regular_file,
     part_name,
 )
 from asyncstate.config import MAX_MAX_PARALLELISM, check_int
 from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.keygroups import compute_key_group_range_for_operator_index
+from asyncstate.runtime.requests import StateKind
 
 __all__ = ["DEFAULT_STALE_AFTER_S", "PackedRecords", "write_part"]
 
 DEFAULT_STALE_AFTER_S = 600.0
 
 _TMP_PREFIX = MANIFEST_NAME + ".tmp-"
+_KINDS = frozenset(kind.value for kind in StateKind)
 _CHUNK_RECORDS = 8192  # records packed per write call: bounds memory within a key group
 _WRITE_BUFFER = 1 << 20
 
@@ -71,14 +74,19 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _makedirs_durable(path: str) -> None:
-    """Create `path` and missing parents, fsyncing each parent whose entries changed."""
-    if os.path.isdir(path):
+def _makedirs_durable(path: str, resync: int = 0) -> None:
+    """Create `path` and missing parents, fsyncing each parent whose entries changed. The
+    parents of the `resync` innermost levels are fsynced even when those levels exist: a
+    writer killed between a mkdir and its parent's fsync leaves an entry never made
+    durable, which the next writer finds in place."""
+    exists = os.path.isdir(path)
+    if exists and resync <= 0:
         return
     parent = os.path.dirname(os.path.abspath(path))
-    _makedirs_durable(parent)
-    with contextlib.suppress(FileExistsError):  # a concurrent writer made it
-        os.mkdir(path)
+    _makedirs_durable(parent, resync - 1)
+    if not exists:
+        with contextlib.suppress(FileExistsError):  # a concurrent writer made it
+            os.mkdir(path)
     _fsync_dir(parent)
 
 
@@ -189,8 +197,12 @@ def write_part(
         max_parallelism, parallelism, operator_index)
     state_kinds = dict(states)
     for name, kind in state_kinds.items():
-        if type(name) is not str or type(kind) is not str:
-            raise TypeError(f"states must map str names to str kinds, got {name!r}: {kind!r}")
+        if type(name) is not str or not name or type(kind) is not str:
+            raise TypeError(f"states must map non-empty str names to str kinds, got "
+                            f"{name!r}: {kind!r}")
+        if kind not in _KINDS:
+            raise ValueError(f"state {name!r} has the unknown kind {kind!r} (want one of "
+                             f"{', '.join(sorted(_KINDS))})")
     part_dir = os.path.join(os.fspath(checkpoint_dir), part_name(parallelism, operator_index))
     pname = part_name(parallelism, operator_index)
     if isinstance(stale_after_s, bool) or not isinstance(stale_after_s, (int, float)) \
@@ -210,7 +222,7 @@ def write_part(
             f"back: {exc}", path=part_dir) from exc
 
     try:
-        _makedirs_durable(part_dir)
+        _makedirs_durable(part_dir, resync=2)  # the part and checkpoint directories
     except OSError as exc:
         raise _io_error(pname, part_dir, exc) from exc
     attempt = uuid.uuid4().hex
@@ -274,13 +286,17 @@ def write_part(
             "key_groups": [
                 {"key_group": kg, **index[kg]._asdict()} for kg in sorted(index)],
         }
-        previous = _commit(part_dir, pname, tmp_path, manifest_path,
+        previous = _commit(part_dir, pname, data_path, tmp_path, manifest_path,
                            json.dumps(manifest, indent=1).encode())
         committed = True
+        with contextlib.suppress(OSError):  # committed: the rename is durable at the next sync
+            _fsync_dir(part_dir)
     finally:
         if sink is not None:
             sink.discard()
-        if not committed:
+        # An interruption (KeyboardInterrupt, say) right after the rename leaves `committed`
+        # False, with the new manifest in place: its data file must stay.
+        if not committed and _committed_data_file(manifest_path) != data_file:
             for leftover in (data_path, tmp_path):
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
@@ -295,7 +311,7 @@ def write_part(
         extra_entry=extra_entry, extra=dict(extra or {}), attempt=attempt)
 
 
-def _commit(part_dir: str, pname: str, tmp_path: str, manifest_path: str,
+def _commit(part_dir: str, pname: str, data_path: str, tmp_path: str, manifest_path: str,
             manifest: bytes) -> str | None:
     """Make the data file durable, write the manifest beside it and rename it into place
     (the commit point). Returns the data file the replaced manifest named, if any."""
@@ -308,21 +324,23 @@ def _commit(part_dir: str, pname: str, tmp_path: str, manifest_path: str,
             f.flush()
             os.fsync(f.fileno())
         previous = _committed_data_file(manifest_path)
+        # Another attempt's cleanup may have taken the data file (see _remove_stale): never
+        # commit a manifest naming a file that is gone.
+        path = data_path
+        os.stat(data_path)
         path = manifest_path
         os.replace(tmp_path, manifest_path)
     except OSError as exc:
         raise _io_error(pname, path, exc) from exc
-    with contextlib.suppress(OSError):  # committed: the rename is durable at the next sync
-        _fsync_dir(part_dir)
     return previous
 
 
 def _committed_data_file(manifest_path: str) -> str | None:
-    """The data file named by the currently committed manifest, if it is readable and sane."""
+    """The data file named by the currently committed manifest, if it is readable and sane
+    (a damaged manifest, even a FIFO or one nested too deeply, names none)."""
     try:
-        with open(manifest_path, "rb") as f:
-            name = json.loads(f.read()).get("data_file")
-    except (OSError, ValueError, AttributeError):
+        name = json.loads(_read_regular_file(manifest_path)).get("data_file")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return name if isinstance(name, str) and _DATA_RE.fullmatch(name) else None
 

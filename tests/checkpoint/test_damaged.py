@@ -590,15 +590,29 @@ def test_writer_skips_empty_key_groups_and_ends_one_on_a_chunk_boundary(tmp_path
 
 
 @pytest.mark.parametrize(("name", "kind"), [("count", StateKind.VALUE), (1, "value"),
-                                            ("count", None)])
+                                            ("count", None), ("", "value")])
 def test_states_not_mapping_str_to_str_are_a_type_error_and_write_nothing(
         tmp_path: Any, name: Any, kind: Any) -> None:
     path = checkpoint_path(tmp_path, 1)
-    with pytest.raises(TypeError, match=rf"^states must map str names to str kinds, got "
-                                        rf"{re.escape(repr(name))}: {re.escape(repr(kind))}$"):
+    with pytest.raises(TypeError, match=rf"^states must map non-empty str names to str kinds, "
+                                        rf"got {re.escape(repr(name))}: "
+                                        rf"{re.escape(repr(kind))}$"):
         write_part(path, parallelism=1, operator_index=0, max_parallelism=4,
                    states={name: kind}, key_groups=[])
     assert not os.path.exists(path)
+
+
+def test_a_state_of_an_unknown_kind_is_refused_before_commit(tmp_path: Any) -> None:
+    """The reader would refuse the part at restore: the writer refuses it first, and the
+    part in place stays."""
+    path = checkpoint_path(tmp_path, 1)
+    write_part(path, parallelism=1, operator_index=0, max_parallelism=4,
+               states={"count": "value"}, key_groups=[])
+    with pytest.raises(ValueError, match=r"^state 'count' has the unknown kind 'bogus' \(want "
+                                         r"one of aggregating, list, map, reducing, value\)$"):
+        write_part(path, parallelism=1, operator_index=0, max_parallelism=4,
+                   states={"count": "bogus"}, key_groups=[])
+    assert open_checkpoint(path).states == {"count": "value"}
 
 
 _SELF: list[Any] = []

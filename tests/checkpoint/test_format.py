@@ -328,6 +328,51 @@ def test_overlapping_parts_are_named(tmp_path):
         open_checkpoint(chk)
 
 
+def test_parts_of_two_parallelisms_that_tile_the_key_groups_are_rejected(tmp_path):
+    # A run at 4 committed its last two parts and crashed; a rerun of the same id at 2
+    # committed its first part only. Together they cover every key group once.
+    chk = checkpoint_path(tmp_path, 1)
+    for parallelism, index in [(4, 2), (4, 3), (2, 0)]:
+        write_part(chk, parallelism=parallelism, operator_index=index, max_parallelism=MAX_P,
+                   states={}, key_groups=[])
+    with pytest.raises(CheckpointError,
+                       match=r"^checkpoint '.*chk-1' mixes parts written at different "
+                             r"parallelisms \(part-2-0, part-4-2, part-4-3\)") as exc:
+        open_checkpoint(chk)
+    assert exc.value.path == chk
+
+
+@pytest.mark.parametrize("what", ["checkpoint", "manifest"])
+def test_a_checkpoint_that_cannot_be_listed_or_searched_is_a_checkpoint_error(
+        tmp_path, monkeypatch, what):
+    """As a directory without read (list) or execute (search) permission gives: the reader
+    names the path instead of letting the OSError out, and a part whose manifest cannot be
+    looked at is not reported as never committed."""
+    chk = checkpoint_path(tmp_path, 1)
+    write_all(chk, 1)
+    manifest = os.path.join(chk, "part-1-0", MANIFEST_NAME)
+    real_listdir, real_lstat = os.listdir, os.lstat
+
+    def listdir(path):
+        if what == "checkpoint" and os.fspath(path) == chk:
+            raise PermissionError(13, "Permission denied", path)
+        return real_listdir(path)
+
+    def lstat(path, *args, **kwargs):
+        if what == "manifest" and os.fspath(path) == manifest:
+            raise PermissionError(13, "Permission denied", path)
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "lstat", lstat)
+    pattern = (r"^checkpoint '.*chk-1' cannot be listed: .*Permission denied"
+               if what == "checkpoint" else
+               r"^checkpoint manifest '.*_MANIFEST\.json' cannot be read: .*Permission denied")
+    with pytest.raises(CheckpointError, match=pattern) as exc:
+        open_checkpoint(chk)
+    assert exc.value.path == (chk if what == "checkpoint" else manifest)
+
+
 def test_parts_with_different_max_parallelism_are_rejected(tmp_path):
     chk = checkpoint_path(tmp_path, 1)
     write_part(chk, parallelism=2, operator_index=0, max_parallelism=16, states={},

@@ -15,10 +15,12 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Any
 
 import msgpack
 import pytest
 
+from asyncstate.checkpoint import writer
 from asyncstate.checkpoint.format import (
     MANIFEST_NAME,
     PackedRecords,
@@ -241,6 +243,105 @@ def test_failed_write_deletes_only_its_own_files(tmp_path):
         write_part(chk, parallelism=1, operator_index=0, max_parallelism=MAX_P, states={},
                    key_groups=[(0, [1]), (MAX_P, [2])], stale_after_s=0)
     assert part_files(part_dir) == before
+    assert read_consistent(chk) == (0, 0)
+
+
+def test_an_interruption_just_after_the_commit_rename_keeps_the_new_part(tmp_path,
+                                                                       monkeypatch):
+    """A KeyboardInterrupt in the directory fsync that follows the rename (or anywhere
+    after it) must not delete the data file the manifest now in place names."""
+    chk = checkpoint_path(tmp_path, 1)
+    write_attempt(chk, 0, 0)
+    part_dir = os.path.join(chk, "part-1-0")
+    first = committed(part_dir)["data_file"]
+    real_fsync_dir = writer._fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        real_fsync_dir(path)
+        if path == part_dir and committed(part_dir)["data_file"] != first:  # renamed
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "_fsync_dir", fsync_dir)
+    with pytest.raises(KeyboardInterrupt):
+        write_attempt(chk, 1, 1)
+    monkeypatch.undo()
+    assert read_consistent(chk) == (1, 1)
+
+
+def test_a_data_file_taken_by_another_attempts_cleanup_is_never_committed(tmp_path,
+                                                                         monkeypatch):
+    """With stale_after_s=0 a concurrent attempt's cleanup may delete a data file that is
+    still being written: the write fails instead of committing a manifest naming it."""
+    chk = checkpoint_path(tmp_path, 1)
+    write_attempt(chk, 0, 0)
+    part_dir = os.path.join(chk, "part-1-0")
+    real_commit = writer._commit
+
+    def commit(part_dir_: str, pname: str, data_path: str, *args: Any) -> Any:
+        os.unlink(data_path)  # what the other attempt's _remove_stale does
+        return real_commit(part_dir_, pname, data_path, *args)
+
+    monkeypatch.setattr(writer, "_commit", commit)
+    with pytest.raises(CheckpointError, match=r"^checkpoint part part-1-0 cannot be written: "
+                                              r"'.*data-[0-9a-f]+\.bin': .*No such file"):
+        write_attempt(chk, 1, 1)
+    monkeypatch.undo()
+    assert read_consistent(chk) == (0, 0)
+    assert [n for n in os.listdir(part_dir) if n.startswith(MANIFEST_NAME + ".tmp")] == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("damage", ["fifo", "nested", "directory-data-file"])
+def test_a_damaged_manifest_in_place_is_replaced_by_the_next_write(tmp_path, damage):
+    """The writer reads the manifest it replaces (to delete its data file afterwards): a
+    FIFO there must not block it, and no damage may keep the part from being rewritten."""
+    chk = checkpoint_path(tmp_path, 1)
+    write_attempt(chk, 0, 0)
+    manifest = os.path.join(chk, "part-1-0", MANIFEST_NAME)
+    os.unlink(manifest)
+    if damage == "fifo":
+        os.mkfifo(manifest)
+    elif damage == "nested":
+        with open(manifest, "w") as f:
+            f.write("[" * 100_000 + "]" * 100_000)
+    else:
+        with open(manifest, "w") as f:
+            json.dump({"data_file": "../../x"}, f)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            write_attempt(chk, 1, 1)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    thread.join(HOUR if damage != "fifo" else 30)
+    if thread.is_alive():  # blocked opening the FIFO: give it a writer, then fail
+        os.close(os.open(manifest, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(HOUR)
+        pytest.fail("write_part blocked on a FIFO in place of the manifest")
+    assert errors == []
+    assert read_consistent(chk) == (1, 1)
+
+
+def test_an_existing_part_directory_is_made_durable_again(tmp_path, monkeypatch):
+    """A writer killed between creating the part directory and fsyncing its parent leaves an
+    entry that was never made durable: the next writer fsyncs the part's parent and the
+    checkpoint's parent even though both directories exist."""
+    chk = checkpoint_path(tmp_path, 1)
+    os.makedirs(os.path.join(chk, "part-1-0"))  # as a killed writer left it
+    synced: list[str] = []
+    real_fsync_dir = writer._fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        synced.append(os.path.abspath(path))
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(writer, "_fsync_dir", fsync_dir)
+    write_attempt(chk, 0, 0)
+    assert synced[:2] == [str(tmp_path), os.path.abspath(chk)]
     assert read_consistent(chk) == (0, 0)
 
 
