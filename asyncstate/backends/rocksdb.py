@@ -41,6 +41,7 @@ from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _overlaps, _plan, _
 from asyncstate.backends.rocksdb_layout import (
     _CF_PREFIX,
     _KIND_PREFIX,
+    _MAX_P_KEY,
     _SEQ,
     _SEQ_KEY,
     _prefix_end,
@@ -60,7 +61,7 @@ from asyncstate.backends.rocksdb_options import (
 )
 from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
 from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
-from asyncstate.config import check_backend_state, check_int
+from asyncstate.config import MAX_MAX_PARALLELISM, check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
@@ -248,6 +249,17 @@ class RocksDBBackend:
                 f"RocksDB directory {self._path!r} has a damaged list sequence entry "
                 f"{_SEQ_KEY!r} = {raw!r} (want {_SEQ.size} bytes)", path=self._path)
         self._list_seq: int = _SEQ.unpack(raw)[0] if raw is not None else 0
+        raw = db.get(_MAX_P_KEY)
+        stored = int.from_bytes(raw, "big") if raw is not None and len(raw) == 2 else 0
+        if raw is not None and not 1 <= stored <= MAX_MAX_PARALLELISM:
+            raise BackendError(
+                f"RocksDB directory {self._path!r} has a damaged max_parallelism entry "
+                f"{_MAX_P_KEY!r} = {raw!r} (want 2 bytes, 1..{MAX_MAX_PARALLELISM})",
+                path=self._path)
+        # The key groups the stored state is cut by (0: none recorded, as in a directory
+        # written before this entry existed).
+        self._stored_max_p: int = stored
+        self._mismatch: str | None = None
 
     def _live_db(self) -> rocksdict.Rdict:
         if self._db is None:
@@ -275,12 +287,39 @@ class RocksDBBackend:
         self._binding = binding
         self._chunk = binding.iterator_chunk_size
         self._kg_prefix = [kg.to_bytes(2, "big") for kg in range(binding.max_parallelism)]
+        max_p = binding.max_parallelism
+        stored = self._stored_max_p
+        if stored and stored != max_p and self._families:
+            # Refused at the first use of the state, not here: a restore discards it first.
+            self._mismatch = (
+                f"RocksDB directory {self._path!r} holds state cut into {stored} key groups "
+                f"(max_parallelism {stored}), and this operator uses max_parallelism "
+                f"{max_p}: key groups are fixed for the life of the state. Open it with "
+                f"max_parallelism {stored}, restore a checkpoint into it (which replaces its "
+                f"state), or use another directory")
+        else:
+            self._store_max_parallelism(max_p)
+
+    def _store_max_parallelism(self, max_p: int) -> None:
+        if max_p != self._stored_max_p:
+            try:
+                self._live_db().put(_MAX_P_KEY, max_p.to_bytes(2, "big"),
+                                    self._write_options)
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+                raise _translate_error(exc, self._path) from None
+            self._stored_max_p = max_p
+
+    def _check_key_groups(self) -> None:
+        """Refuse to use state cut by another max_parallelism (see open)."""
+        if self._mismatch is not None:
+            raise BackendError(self._mismatch, path=self._path)
 
     def register_state(self, name: object, kind: object) -> _StateHandle:
         """Create or open the column family of state `name`. The kind is stored, and
         registering the name again with another kind raises ValueError, even after the
         directory is reopened."""
         self._live_db()
+        self._check_key_groups()
         name, kind = check_backend_state(name, kind)
         handle = self._handles.get(name)
         if handle is not None:
@@ -576,6 +615,7 @@ class RocksDBBackend:
         """Name and kind of every state known to the database (registered, or stored by an
         earlier run in this directory)."""
         self._live_db()
+        self._check_key_groups()
         return {name: handle.kind for name, handle in sorted(self._handles.items())}
 
     def snapshot_key_group(self, key_group: int) -> Iterator[tuple[str, bytes, bytes, Any]]:
@@ -587,6 +627,7 @@ class RocksDBBackend:
         thread, so the result is one consistent view. No iterator or snapshot is kept, so
         `close()` always releases the directory."""
         self._live_db()
+        self._check_key_groups()
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         loaded = []
@@ -691,6 +732,9 @@ class RocksDBBackend:
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
             raise _translate_error(exc, self._path) from None
         self._list_seq = 0
+        self._mismatch = None
+        if self._binding is not None:
+            self._store_max_parallelism(self._binding.max_parallelism)
         log.info("rocksdb.state_discarded", path=self._path, states=dropped)
         return dropped
 

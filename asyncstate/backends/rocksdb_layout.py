@@ -1,7 +1,8 @@
 """How RocksDBBackend lays keyed state out in RocksDB, and how it reads the layout back.
 
 Each state has its own column family, ``state:<name>``. The default column family holds
-metadata: each state's kind, and the list sequence counter. Keys are raw bytes::
+metadata: each state's kind, the list sequence counter, and the max_parallelism the state is
+cut by (2 bytes, big-endian). Keys are raw bytes::
 
     key group (2 bytes, big-endian) | key bytes | namespace bytes [| suffix]
 
@@ -28,6 +29,7 @@ __all__: list[str] = []
 _CF_PREFIX = "state:"
 _KIND_PREFIX = b"state-kind:"
 _SEQ_KEY = b"list-sequence"
+_MAX_P_KEY = b"max-parallelism"
 _SEQ = struct.Struct(">Q")
 
 

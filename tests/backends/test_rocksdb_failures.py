@@ -22,7 +22,7 @@ from asyncstate.backends.rocksdb import (
     _RESTORE_BATCH_ENTRIES,
     RocksDBBackend,
 )
-from asyncstate.backends.rocksdb_layout import _KIND_PREFIX, _SEQ_KEY
+from asyncstate.backends.rocksdb_layout import _KIND_PREFIX, _MAX_P_KEY, _SEQ_KEY
 from asyncstate.checkpoint.format import checkpoint_path, open_checkpoint, write_part
 from asyncstate.errors import BackendError, InvalidStateError
 from asyncstate.runtime.requests import StateKind, StateRequestType
@@ -317,6 +317,94 @@ async def test_a_failed_restore_leaves_the_directory_free(tmp_path, case):
     assert_reopens_while_held(path, info.value)
 
 
+# -- state cut by another max_parallelism -------------------------------------------------
+
+
+class CountJob(ast.KeyedProcessFunction):
+    """Counts records per key and emits (key, count)."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        n = (await self.count.value() or 0) + 1
+        await self.count.update(n)
+        ctx.emit((value, n))
+
+
+class Stateless(ast.KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> None:
+        ctx.emit(value)
+
+
+async def count(path: Path, max_p: int, keys: list[str],
+                restore_from: str | None = None) -> list[Any]:
+    async with ast.KeyedOperator(CountJob(), key_selector=lambda r: r,
+                                 backend=RocksDBBackend(path), restore_from=restore_from,
+                                 config=ast.AsyncStateConfig(max_parallelism=max_p)) as op:
+        for key in keys:
+            await op.process(key)
+    return sorted(op.outputs())
+
+
+def mismatch(path: Path, stored: int, used: int) -> str:
+    return (rf"^RocksDB directory {re.escape(repr(str(path)))} holds state cut into {stored} "
+            rf"key groups \(max_parallelism {stored}\), and this operator uses "
+            rf"max_parallelism {used}: key groups are fixed for the life of the state")
+
+
+async def test_a_directory_reopened_with_another_max_parallelism_is_refused(tmp_path):
+    """Its keys carry key groups of the first max_parallelism: read with another, the state
+    would look empty and a snapshot would file it under the wrong key groups."""
+    path = tmp_path / "db"
+    keys = ["a", "b", "c", "d"]
+    assert await count(path, 128, keys) == [(k, 1) for k in keys]
+    with pytest.raises(BackendError, match=mismatch(path, 128, 256)) as info:
+        await count(path, 256, keys)
+    assert info.value.path == str(path)
+    # A function that declares no state cannot snapshot it either.
+    with pytest.raises(BackendError, match=mismatch(path, 128, 64)):
+        async with ast.KeyedOperator(Stateless(), key_selector=lambda r: r,
+                                     backend=RocksDBBackend(path),
+                                     config=ast.AsyncStateConfig(max_parallelism=64)) as op:
+            await op.snapshot(tmp_path / "chk", 1)
+    assert not (tmp_path / "chk" / "chk-1" / "part-1-0" / "_MANIFEST.json").exists()
+    # Nothing was lost or rewritten: the first max_parallelism goes on counting.
+    assert await count(path, 128, keys) == [(k, 2) for k in keys]
+
+
+async def test_a_restore_replaces_state_cut_by_another_max_parallelism(tmp_path):
+    path = tmp_path / "db"
+    assert await count(path, 128, ["a", "b"]) == [("a", 1), ("b", 1)]
+    async with ast.KeyedOperator(CountJob(), key_selector=lambda r: r,
+                                 backend=ast.HeapBackend(),
+                                 config=ast.AsyncStateConfig(max_parallelism=256)) as op:
+        for key in ["b", "c", "c"]:
+            await op.process(key)
+        checkpoint = await op.snapshot(tmp_path / "chk", 1)
+    assert await count(path, 256, ["a", "b", "c"], checkpoint) == [("a", 1), ("b", 2),
+                                                                  ("c", 3)]
+    assert await count(path, 256, ["c"]) == [("c", 4)]
+    with pytest.raises(BackendError, match=mismatch(path, 256, 128)):
+        await count(path, 128, ["c"])
+
+
+async def test_a_directory_without_a_recorded_max_parallelism_records_the_first_one(tmp_path):
+    """A directory written before the entry existed is taken as it is, then held to the
+    max_parallelism it is opened with."""
+    path = tmp_path / "db"
+    assert await count(path, 128, ["a"]) == [("a", 1)]
+    families = {name: rocksdict.Options(raw_mode=True)
+                for name in rocksdict.Rdict.list_cf(str(path)) if name != "default"}
+    db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True), column_families=families)
+    del db[_MAX_P_KEY]
+    db.close()
+    del db
+    assert await count(path, 128, ["a"]) == [("a", 2)]
+    with pytest.raises(BackendError, match=mismatch(path, 128, 16)):
+        await count(path, 16, ["a"])
+
+
 # -- argument and lifecycle checks ----------------------------------------------------------
 
 def binding(loop: asyncio.AbstractEventLoop | None) -> ExecutorBinding:
@@ -367,7 +455,12 @@ def damage_metadata(path: Path, key: bytes, value: bytes) -> None:
      r"value, list, map, reducing, aggregating\)$"),
     (_KIND_PREFIX + b"\xff", b"value", r"has a damaged state entry b'state-kind:\\xff'"),
     (_SEQ_KEY, b"\x01", r"has a damaged list sequence entry .* \(want 8 bytes\)$"),
-], ids=["unknown-kind", "name-not-utf8", "short-sequence"])
+    (_MAX_P_KEY, b"\x01", r"has a damaged max_parallelism entry .* \(want 2 bytes, "
+                          r"1\.\.32768\)$"),
+    (_MAX_P_KEY, b"\x00\x00", r"has a damaged max_parallelism entry b'max-parallelism' = "
+                              r"b'\\x00\\x00'"),
+], ids=["unknown-kind", "name-not-utf8", "short-sequence", "short-max-parallelism",
+        "zero-max-parallelism"])
 def test_damaged_metadata_fails_the_open_and_leaves_the_directory_free(tmp_path, key, value,
                                                                        message):
     path = tmp_path / "db"
