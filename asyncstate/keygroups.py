@@ -50,12 +50,12 @@ class KeyGroupRange:
         check_int("start", self.start, 0)
         check_int("end", self.end, self.start)
 
-    def contains(self, key_group: int) -> bool:
-        """True when `key_group` lies in this range."""
-        return self.start <= key_group <= self.end
+    def contains(self, key_group: object) -> bool:
+        """True when `key_group` is an int in this range (as `key_group in range`)."""
+        return type(key_group) is int and self.start <= key_group <= self.end
 
     def __contains__(self, key_group: object) -> bool:
-        return type(key_group) is int and self.start <= key_group <= self.end
+        return self.contains(key_group)
 
     def __len__(self) -> int:
         return self.end - self.start + 1

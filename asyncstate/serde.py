@@ -274,13 +274,22 @@ def _lists(obj: Any) -> Any:
 _I64 = struct.Struct(">Q")
 
 
-def encode_ordered_i64(value: int) -> bytes:
-    """8 bytes whose unsigned byte order equals the signed order of `value` (sign bit flipped)."""
+def encode_ordered_i64(value: object) -> bytes:
+    """8 bytes whose unsigned byte order equals the signed order of `value` (sign bit flipped).
+    `value` must be an int (not a bool) in [-2**63, 2**63), else SerializationError. (Typed
+    as object, so that the compiled build raises these errors, not its own.)"""
+    if type(value) is not int:
+        raise SerializationError(f"ordered int64 must be an int, got {type(value).__name__}",
+                                 type_name=type(value).__name__)
     if not (-(2**63) <= value < 2**63):
         raise SerializationError(f"ordered int64 out of range: {value!r}", type_name="int")
     return _I64.pack(value + 2**63)
 
 
-def decode_ordered_i64(data: bytes) -> int:
-    """Inverse of `encode_ordered_i64`."""
+def decode_ordered_i64(data: object) -> int:
+    """Inverse of `encode_ordered_i64`: `data` must be 8 bytes, else SerializationError."""
+    if type(data) is not bytes or len(data) != _I64.size:
+        shown = f"{len(data)} bytes" if type(data) is bytes else type(data).__name__
+        raise SerializationError(f"ordered int64 must be decoded from 8 bytes, got {shown}",
+                                 type_name=type(data).__name__)
     return int(_I64.unpack(data)[0]) - 2**63

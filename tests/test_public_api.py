@@ -444,6 +444,9 @@ def test_key_group_range():
     assert list(rng) == [3, 4, 5, 6]
     assert rng.contains(3) and rng.contains(6)
     assert not rng.contains(2) and not rng.contains(7)
+    # contains() and `in` are one check: only ints are key groups.
+    for other in (True, 4.0, 4.5, "4", None):
+        assert not rng.contains(other) and other not in rng
     assert len(ast.KeyGroupRange(5, 5)) == 1
 
 

@@ -40,6 +40,24 @@ def test_ordered_i64_rejects_out_of_range(bad: int) -> None:
         encode_ordered_i64(bad)
 
 
+@pytest.mark.parametrize(("bad", "shown"), [(True, "bool"), (1.5, "float"), (2.0, "float"),
+                                           (float("nan"), "float"), ("1", "str"),
+                                           (None, "NoneType")])
+def test_ordered_i64_rejects_what_is_not_an_int_naming_its_type(bad: Any, shown: str) -> None:
+    with pytest.raises(ast.SerializationError,
+                       match=rf"^ordered int64 must be an int, got {shown}$") as info:
+        encode_ordered_i64(bad)
+    assert info.value.type_name == shown
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(b"\x00" * 7, "7 bytes"), (b"\x00" * 9, "9 bytes"),
+                                           (bytearray(8), "bytearray"), (5, "int")])
+def test_ordered_i64_decodes_exactly_8_bytes(bad: Any, shown: str) -> None:
+    with pytest.raises(ast.SerializationError,
+                       match=rf"^ordered int64 must be decoded from 8 bytes, got {shown}$"):
+        decode_ordered_i64(bad)
+
+
 def test_canonical_key_is_msgpack_with_bin_type() -> None:
     for key in [1, -5, 2**64 - 1, "k", b"k", None, True, 1.5, [1, "a"], ("x", (1, 2))]:
         assert canonical_key(key) == msgpack.packb(key, use_bin_type=True)
