@@ -22,7 +22,6 @@ import msgpack
 
 from asyncstate.checkpoint.layout import (
     _DATA_RE,
-    _MAX_MANIFEST_BYTES,
     DATA_MAGIC,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -125,7 +124,7 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
             f"checkpoint part {part_dir!r} resolves outside the checkpoint directory; "
             "refusing to follow it", path=part_dir)
     try:
-        raw = json.loads(_read_regular_file(manifest_path, _MAX_MANIFEST_BYTES),
+        raw = json.loads(_read_regular_file(manifest_path),
                          object_pairs_hook=_no_duplicate_keys)
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise CheckpointError(
