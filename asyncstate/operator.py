@@ -24,7 +24,12 @@ from asyncstate.backends.heap import HeapBackend
 from asyncstate.checkpoint.layout import checkpoint_path
 from asyncstate.checkpoint.operator_state import RestoredExtras, read_operator_extras
 from asyncstate.checkpoint.reader import open_checkpoint
-from asyncstate.checkpoint.snapshot import checkpoint_store, restore_snapshot, write_snapshot
+from asyncstate.checkpoint.snapshot import (
+    check_restorable,
+    checkpoint_store,
+    restore_snapshot,
+    write_snapshot,
+)
 from asyncstate.clock import Clock, ManualClock, SystemClock
 from asyncstate.config import AsyncStateConfig
 from asyncstate.errors import ConfigError, InvalidStateError, KeyGroupError
@@ -267,7 +272,12 @@ class KeyedOperator:
         assert self.restore_from is not None
         checkpoint = open_checkpoint(self.restore_from)  # checks the parts cover every group
         extras = read_operator_extras(checkpoint)  # checked before any state moves
+        # So is what can be of the key groups: a refused restore leaves a directory as it was.
+        check_restorable(checkpoint, self.key_group_range, self.config.max_parallelism)
         store = checkpoint_store(self.backend, checkpoint.path)
+        mark = getattr(store, "mark_restoring", None)
+        if mark is not None:  # a restore failing from here leaves a directory refused
+            mark(True)
         discard = getattr(store, "discard_state", None)
         if discard is not None:  # a directory used before: the checkpoint replaces its state
             discard()
@@ -275,6 +285,8 @@ class KeyedOperator:
         set_sequence = getattr(store, "set_list_sequence", None)
         if set_sequence is not None:
             set_sequence(extras.list_sequence)
+        if mark is not None:
+            mark(False)
         return extras
 
     async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: int) -> str:

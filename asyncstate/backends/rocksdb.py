@@ -42,6 +42,7 @@ from asyncstate.backends.rocksdb_layout import (
     _CF_PREFIX,
     _KIND_PREFIX,
     _MAX_P_KEY,
+    _RESTORING_KEY,
     _SEQ,
     _SEQ_KEY,
     _prefix_end,
@@ -63,6 +64,7 @@ from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
 from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
 from asyncstate.config import MAX_MAX_PARALLELISM, check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
+from asyncstate.keygroups import KeyGroupRange
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
 from asyncstate.serde import check_key_bytes, check_value_bytes, decode_key, decode_value
@@ -130,6 +132,11 @@ def _release(exc: BaseException) -> None:
     one handling `exc`, is not cleared here. (The compiled build keeps no variables in
     frames at all; the Python sources do.)"""
     traceback.clear_frames(exc.__traceback__)
+
+
+def _scan_first(cf: Any, lower: bytes, upper: bytes) -> list[tuple[bytes, bytes]]:
+    """The first entry of `cf` in [lower, upper), as a list of at most one."""
+    return _scan_items(cf, lower, upper, 1)
 
 
 # -- the backend ----------------------------------------------------------------------------
@@ -259,7 +266,14 @@ class RocksDBBackend:
         # The key groups the stored state is cut by (0: none recorded, as in a directory
         # written before this entry existed).
         self._stored_max_p: int = stored
-        self._mismatch: str | None = None
+        # Why the stored state must not be used, if it must not (see _check_usable).
+        self._unusable: str | None = None
+        if db.get(_RESTORING_KEY) is not None:
+            self._unusable = (
+                f"RocksDB directory {self._path!r} holds a restore that did not complete (it "
+                "failed or was interrupted), so its state is neither the checkpoint's nor "
+                "what it held before. Restore a checkpoint into it again, or use another "
+                "directory")
 
     def _live_db(self) -> rocksdict.Rdict:
         if self._db is None:
@@ -289,9 +303,11 @@ class RocksDBBackend:
         self._kg_prefix = [kg.to_bytes(2, "big") for kg in range(binding.max_parallelism)]
         max_p = binding.max_parallelism
         stored = self._stored_max_p
-        if stored and stored != max_p and self._families:
+        if self._unusable is not None:
+            pass
+        elif stored and stored != max_p and self._families:
             # Refused at the first use of the state, not here: a restore discards it first.
-            self._mismatch = (
+            self._unusable = (
                 f"RocksDB directory {self._path!r} holds state cut into {stored} key groups "
                 f"(max_parallelism {stored}), and this operator uses max_parallelism "
                 f"{max_p}: key groups are fixed for the life of the state. Open it with "
@@ -309,17 +325,18 @@ class RocksDBBackend:
                 raise _translate_error(exc, self._path) from None
             self._stored_max_p = max_p
 
-    def _check_key_groups(self) -> None:
-        """Refuse to use state cut by another max_parallelism (see open)."""
-        if self._mismatch is not None:
-            raise BackendError(self._mismatch, path=self._path)
+    def _check_usable(self) -> None:
+        """Refuse to use state cut by another max_parallelism (see open), or left by a
+        restore that did not complete. A restore (discard_state) makes the directory usable."""
+        if self._unusable is not None:
+            raise BackendError(self._unusable, path=self._path)
 
     def register_state(self, name: object, kind: object) -> _StateHandle:
         """Create or open the column family of state `name`. The kind is stored, and
         registering the name again with another kind raises ValueError, even after the
         directory is reopened."""
         self._live_db()
-        self._check_key_groups()
+        self._check_usable()
         name, kind = check_backend_state(name, kind)
         handle = self._handles.get(name)
         if handle is not None:
@@ -615,7 +632,7 @@ class RocksDBBackend:
         """Name and kind of every state known to the database (registered, or stored by an
         earlier run in this directory)."""
         self._live_db()
-        self._check_key_groups()
+        self._check_usable()
         return {name: handle.kind for name, handle in sorted(self._handles.items())}
 
     def snapshot_key_group(self, key_group: int) -> Iterator[tuple[str, bytes, bytes, Any]]:
@@ -627,7 +644,7 @@ class RocksDBBackend:
         thread, so the result is one consistent view. No iterator or snapshot is kept, so
         `close()` always releases the directory."""
         self._live_db()
-        self._check_key_groups()
+        self._check_usable()
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         loaded = []
@@ -732,11 +749,40 @@ class RocksDBBackend:
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
             raise _translate_error(exc, self._path) from None
         self._list_seq = 0
-        self._mismatch = None
+        self._unusable = None
         if self._binding is not None:
             self._store_max_parallelism(self._binding.max_parallelism)
         log.info("rocksdb.state_discarded", path=self._path, states=dropped)
         return dropped
+
+    def mark_restoring(self, restoring: bool) -> None:
+        """Record that a restore is under way (before its discard_state), or that it has
+        completed. A directory opened with the mark in place refuses its state (BackendError
+        at the first use) until a restore into it completes: a restore that failed midway
+        leaves some key groups restored and others empty."""
+        self._live_db()
+        try:
+            if restoring:
+                self._live_db().put(_RESTORING_KEY, b"", self._write_options)
+            else:
+                self._live_db().delete(_RESTORING_KEY, self._write_options)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise _translate_error(exc, self._path) from None
+
+    def key_group_outside(self, key_groups: KeyGroupRange) -> tuple[str, int] | None:
+        """(state name, key group) of the first entry stored outside `key_groups`, or None. A
+        snapshot of `key_groups` would leave such an entry out (the directory was written by
+        an operator owning other key groups, and not restored since)."""
+        self._live_db()
+        self._check_usable()
+        below = key_groups.start.to_bytes(2, "big")
+        above = (key_groups.end + 1).to_bytes(2, "big")
+        for name, handle in sorted(self._handles.items()):
+            for lower, upper in ((b"", below), (above, b"\xff\xff\xff")):
+                first = self._scan(_scan_first, handle.cf, lower, upper)
+                if first:
+                    return name, int.from_bytes(first[0][0][:2], "big")
+        return None
 
     def list_sequence(self) -> int:
         """The next list element sequence number (for checkpoints)."""

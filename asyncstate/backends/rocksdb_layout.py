@@ -1,8 +1,8 @@
 """How RocksDBBackend lays keyed state out in RocksDB, and how it reads the layout back.
 
 Each state has its own column family, ``state:<name>``. The default column family holds
-metadata: each state's kind, the list sequence counter, and the max_parallelism the state is
-cut by (2 bytes, big-endian). Keys are raw bytes::
+metadata: each state's kind, the list sequence counter, the max_parallelism the state is cut
+by (2 bytes, big-endian), and a marker while a restore is under way. Keys are raw bytes::
 
     key group (2 bytes, big-endian) | key bytes | namespace bytes [| suffix]
 
@@ -30,6 +30,7 @@ _CF_PREFIX = "state:"
 _KIND_PREFIX = b"state-kind:"
 _SEQ_KEY = b"list-sequence"
 _MAX_P_KEY = b"max-parallelism"
+_RESTORING_KEY = b"restore-pending"  # present from a restore's discard until it completes
 _SEQ = struct.Struct(">Q")
 
 

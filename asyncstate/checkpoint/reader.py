@@ -300,11 +300,16 @@ class Checkpoint:
             finally:
                 f.close()
 
-    def verify(self) -> None:
-        """Read every key group of every part and check its size and checksum."""
+    def verify(self, key_groups: KeyGroupRange | None = None) -> None:
+        """Read every key group of every part (or those of `key_groups`) and check its size
+        and checksum."""
         for part in self.parts:
+            entries = [(kg, e) for kg, e in part.key_groups.items()
+                       if key_groups is None or kg in key_groups]
+            if not entries:
+                continue
             with _open_data(part.data_path) as f:
-                for kg, e in part.key_groups.items():
+                for kg, e in entries:
                     _read_checked(f, part.data_path, kg, e)
 
 

@@ -28,7 +28,7 @@ import msgpack
 from asyncstate.checkpoint.layout import PartManifest
 from asyncstate.checkpoint.reader import Checkpoint
 from asyncstate.checkpoint.writer import PackedRecords, write_part
-from asyncstate.errors import CheckpointError
+from asyncstate.errors import CheckpointError, KeyGroupError
 from asyncstate.keygroups import (
     KeyGroupRange,
     compute_key_group_range_for_operator_index,
@@ -40,6 +40,7 @@ from asyncstate.runtime.requests import StateKind
 __all__ = [
     "SECTION_STATE_ENTRIES",
     "SnapshotBackend",
+    "check_restorable",
     "checkpoint_store",
     "restore_snapshot",
     "write_snapshot",
@@ -116,6 +117,13 @@ def _packed_key_groups(backend: SnapshotBackend, kg_range: KeyGroupRange,
         # Fast path: the backend encodes entries in one pass over its storage.
         encoded: dict[int, tuple[int, bytes]] = grouped(kg_range, max_parallelism)
     else:
+        outside = getattr(backend, "key_group_outside", None)
+        found = outside(kg_range) if outside is not None else None
+        if found is not None:  # the grouped path refuses such entries the same way
+            name, kg = found
+            raise KeyGroupError(
+                f"{type(backend).__name__} holds state {name!r} of key group {kg}, outside the "
+                f"key groups {kg_range.start}..{kg_range.end} being snapshotted", key_group=kg)
         encoded = {}
         for kg in kg_range:
             entries = [pack(e) for e in backend.snapshot_key_group(kg)]
@@ -179,6 +187,24 @@ def write_snapshot(
     return manifest
 
 
+def _check_max_parallelism(checkpoint: Checkpoint, max_parallelism: int) -> None:
+    if checkpoint.max_parallelism != max_parallelism:
+        path = checkpoint.path
+        raise CheckpointError(
+            f"checkpoint {path!r} was written with max_parallelism "
+            f"{checkpoint.max_parallelism}, cannot restore it with max_parallelism "
+            f"{max_parallelism}: key groups are fixed for the life of the state", path=path)
+
+
+def check_restorable(checkpoint: Checkpoint, key_group_range: KeyGroupRange,
+                     max_parallelism: int) -> None:
+    """What can be checked of a restore before any state is replaced: the max_parallelism,
+    and the size and checksum of every key group of `key_group_range` (CheckpointError naming
+    the file and key group)."""
+    _check_max_parallelism(checkpoint, max_parallelism)
+    checkpoint.verify(key_group_range)
+
+
 def restore_snapshot(
     backend: SnapshotBackend,
     checkpoint: Checkpoint,
@@ -196,11 +222,7 @@ def restore_snapshot(
     kind, an unknown section tag, or damaged data (naming the file and key group).
     """
     path = checkpoint.path
-    if checkpoint.max_parallelism != max_parallelism:
-        raise CheckpointError(
-            f"checkpoint {path!r} was written with max_parallelism "
-            f"{checkpoint.max_parallelism}, cannot restore it with max_parallelism "
-            f"{max_parallelism}: key groups are fixed for the life of the state", path=path)
+    _check_max_parallelism(checkpoint, max_parallelism)
     for name, kind in checkpoint.states.items():
         try:
             backend.register_state(name, StateKind(kind))

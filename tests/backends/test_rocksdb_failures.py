@@ -405,6 +405,88 @@ async def test_a_directory_without_a_recorded_max_parallelism_records_the_first_
         await count(path, 16, ["a"])
 
 
+async def test_a_snapshot_refuses_state_outside_the_operators_key_groups(tmp_path):
+    """A directory written by one instance of 1, reopened (not restored) as instance 0 of 2:
+    a snapshot of instance 0's key groups would leave the other key groups' state out, so it
+    is refused, as the heap refuses it."""
+    path = tmp_path / "db"
+    keys = [f"k{i}" for i in range(40)]
+    assert len(await count(path, 128, keys)) == 40
+    config = ast.AsyncStateConfig(max_parallelism=128)
+    with pytest.raises(ast.KeyGroupError, match=r"^RocksDBBackend holds state 'count' of key "
+                                                r"group \d+, outside the key groups 0\.\.63 "
+                                                r"being snapshotted$") as info:
+        async with ast.KeyedOperator(CountJob(), key_selector=lambda r: r,
+                                     backend=RocksDBBackend(path), config=config,
+                                     parallelism=2, operator_index=0) as op:
+            await op.snapshot(tmp_path / "chk", 1)
+    assert info.value.key_group is not None and info.value.key_group >= 64
+    assert not (tmp_path / "chk" / "chk-1" / "part-2-0" / "_MANIFEST.json").exists()
+
+
+async def checkpoint_of(tmp_path: Path, max_p: int, keys: list[str]) -> str:
+    async with ast.KeyedOperator(CountJob(), key_selector=lambda r: r,
+                                 backend=ast.HeapBackend(),
+                                 config=ast.AsyncStateConfig(max_parallelism=max_p)) as op:
+        for key in keys:
+            await op.process(key)
+        return await op.snapshot(tmp_path / f"chk-of-{max_p}", 1)
+
+
+@pytest.mark.parametrize("refusal", ["max-parallelism", "checksum"])
+async def test_a_refused_restore_leaves_the_directory_as_it_was(tmp_path, refusal):
+    """What can be checked before the directory's state is discarded is checked first."""
+    path = tmp_path / "db"
+    keys = [f"k{i}" for i in range(10)]
+    assert await count(path, 128, keys) == [(k, 1) for k in keys]
+    if refusal == "max-parallelism":
+        checkpoint = await checkpoint_of(tmp_path, 64, ["x"])
+        pattern = r"was written with max_parallelism 64, cannot restore it with "
+    else:
+        checkpoint = await checkpoint_of(tmp_path, 128, keys)
+        part = open_checkpoint(checkpoint).parts[0]
+        data = bytearray(Path(part.data_path).read_bytes())
+        last = part.key_groups[max(part.key_groups)]
+        data[last.offset] ^= 0xFF  # the last key group: read after all the others
+        Path(part.data_path).write_bytes(bytes(data))
+        pattern = r"checksum"
+    with pytest.raises(ast.CheckpointError, match=pattern):
+        await count(path, 128, keys, checkpoint)
+    assert await count(path, 128, keys) == [(k, 2) for k in keys]
+
+
+async def test_a_restore_failing_midway_leaves_the_directory_refused_until_one_completes(
+        tmp_path):
+    """Value bytes that pass the checksum but do not decode fail the restore after the
+    directory's state was discarded and some key groups restored: the directory holds
+    neither state, so its next use is refused until a restore into it completes."""
+    path = tmp_path / "db"
+    keys = [f"k{i}" for i in range(10)]
+    assert await count(path, 128, keys) == [(k, 1) for k in keys]
+    chk = checkpoint_path(tmp_path / "bad", 1)
+    groups = sorted({ast.assign_to_key_group(k, 128): k for k in keys}.items())
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=128,
+               states={"count": "value"},
+               key_groups=[(kg, [[0, 1], ["count", canonical_key(k), msgpack.packb(None),
+                                          msgpack.packb(5) if i < len(groups) - 1
+                                          else b"\x91"]])
+                           for i, (kg, k) in enumerate(groups)])
+    with pytest.raises(ast.CheckpointError, match=r"malformed state entries"):
+        await count(path, 128, keys, chk)
+    refused = (rf"^RocksDB directory {re.escape(repr(str(path)))} holds a restore that did "
+               r"not complete \(it failed or was interrupted\)")
+    with pytest.raises(BackendError, match=refused):
+        await count(path, 128, keys)
+    with pytest.raises(BackendError, match=refused):  # still refused: nothing changed
+        async with ast.KeyedOperator(Stateless(), key_selector=lambda r: r,
+                                     backend=RocksDBBackend(path),
+                                     config=ast.AsyncStateConfig(max_parallelism=128)) as op:
+            await op.snapshot(tmp_path / "chk", 1)
+    good = await checkpoint_of(tmp_path, 128, ["k0", "k0"])
+    assert await count(path, 128, ["k0", "k1"], good) == [("k0", 3), ("k1", 1)]
+    assert await count(path, 128, ["k0"]) == [("k0", 4)]
+
+
 # -- argument and lifecycle checks ----------------------------------------------------------
 
 def binding(loop: asyncio.AbstractEventLoop | None) -> ExecutorBinding:
