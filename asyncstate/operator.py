@@ -133,7 +133,10 @@ class KeyedOperator:
         self._inbox: list[Any] = []
         self._inbox_posted = False
         self._queued = 0
-        self._state = "new"  # new -> open -> closed
+        self._state = "new"  # new -> opening -> open -> closed
+        # Snapshots under way, and the producers they hold back (see snapshot).
+        self._snapshots = 0
+        self._after_snapshots: list[asyncio.Future[None]] = []
         self._watermark = MIN_WATERMARK
         self._records_in = 0
         self._peak = 0
@@ -171,7 +174,7 @@ class KeyedOperator:
             always_task = needs_task(self._process_element)
         self._driver = UserCodeDriver(loop, controller.fail, always_task)
         self._base_vars = contextvars.copy_context()
-        self._state = "open"
+        self._state = "opening"  # records and snapshots are refused until open() is done
         self._gc_threshold = config.resolved_gc_threshold()
         if self._gc_threshold is not None:
             gc_threshold.hold(self._gc_threshold)
@@ -194,6 +197,7 @@ class KeyedOperator:
         except BaseException as exc:
             await self._close_after(exc)
             raise
+        self._state = "open"
         log.debug("operator.open", function=type(self.function).__name__,
                   index=self.operator_index, parallelism=self.parallelism)
         return self
@@ -224,7 +228,7 @@ class KeyedOperator:
             primary.add_note(f"closing the operator after this error failed too: {exc!r}")
 
     async def _close_operator(self) -> None:
-        if self._state == "open":
+        if self._state in ("open", "opening"):
             # Records still running in Tasks first: fail their outstanding requests and
             # cancel them, so that their `finally` blocks run before the function closes.
             assert self._controller is not None and self._driver is not None
@@ -238,7 +242,7 @@ class KeyedOperator:
         awaitable)."""
         if self._state == "closed":
             return None
-        opened = self._state == "open"
+        opened = self._state in ("open", "opening")
         self._state = "closed"
         closed: Any = None
         try:
@@ -258,6 +262,10 @@ class KeyedOperator:
     def _ready(self) -> AsyncExecutionController:
         controller = self._controller
         if controller is None or self._state != "open":
+            if self._state == "opening":
+                raise InvalidStateError(
+                    f"{self!r} is still opening (restoring, or in the function's open()); "
+                    "use it once `async with operator:` has entered")
             raise InvalidStateError(
                 f"{self!r} is not running; use it inside `async with operator:`")
         if controller.failure is not None:
@@ -291,20 +299,33 @@ class KeyedOperator:
 
     async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: int) -> str:
         """Drain, then write this operator's part of checkpoint `checkpoint_id` under
-        `directory`; returns the checkpoint's path (the same for every operator)."""
+        `directory`; returns the checkpoint's path (the same for every operator).
+
+        Records that other tasks feed meanwhile wait in `process()` until the part is
+        written, as records behind a checkpoint barrier do: the drain ends even under
+        steady input, and the part holds exactly the records admitted before the call."""
         self._ready_to_wait("snapshot()")
         path = checkpoint_path(directory, checkpoint_id)
         store = checkpoint_store(self.backend, path)
-        await self.drain()
-        # No await between the drain and the write: the part holds no half-done record.
-        extra: dict[str, Any] = {
-            "operator_state": self.runtime_context.operator_state_snapshot()}
-        list_sequence = getattr(store, "list_sequence", None)
-        if list_sequence is not None:
-            extra["list_sequence"] = list_sequence()
-        write_snapshot(store, path, parallelism=self.parallelism,
-                       operator_index=self.operator_index,
-                       max_parallelism=self.config.max_parallelism, extra=extra)
+        self._snapshots += 1
+        try:
+            await self.drain()
+            # No await between the drain and the write: the part holds no half-done record.
+            extra: dict[str, Any] = {
+                "operator_state": self.runtime_context.operator_state_snapshot()}
+            list_sequence = getattr(store, "list_sequence", None)
+            if list_sequence is not None:
+                extra["list_sequence"] = list_sequence()
+            write_snapshot(store, path, parallelism=self.parallelism,
+                           operator_index=self.operator_index,
+                           max_parallelism=self.config.max_parallelism, extra=extra)
+        finally:
+            self._snapshots -= 1
+            if not self._snapshots:
+                waiting, self._after_snapshots = self._after_snapshots, []
+                for fut in waiting:
+                    if not fut.done():
+                        fut.set_result(None)
         return path
 
     # -- records ---------------------------------------------------------------------------
@@ -345,12 +366,16 @@ class KeyedOperator:
         controller = self._ready()
         ctx = self._prepare(record)
         limit = self.config.max_in_flight
-        # A loop: producers woken together re-check, so only as many as fit are admitted.
-        while self._queued + controller._in_flight >= limit:
-            current = current_context()
-            if current is not None and current._owner is self and not current.finished:
+        # A loop: producers woken together re-check, so only as many as fit are admitted,
+        # and none while a snapshot is under way (one may start while this one waits).
+        while self._snapshots or self._queued + controller._in_flight >= limit:
+            if self._inside_own_record():
                 break
-            await self._wait_capacity(controller)
+            if self._snapshots:
+                await self._wait_snapshots()
+                controller = self._ready()  # the run may have failed or closed meanwhile
+            else:
+                await self._wait_capacity(controller)
         self._admit(controller, ctx)
 
     def _admit(self, controller: AsyncExecutionController, ctx: RecordContext) -> None:
@@ -390,6 +415,22 @@ class KeyedOperator:
         if not self._inbox_posted:
             self._inbox_posted = True
             self._controller.post(self._drain_inbox, None)
+
+    def _inside_own_record(self) -> bool:
+        current = current_context()
+        return current is not None and current._owner is self and not current.finished
+
+    async def _wait_snapshots(self) -> None:
+        """Wait until no snapshot is under way (a record fed now would run before the
+        snapshot's part is written, or keep its drain from ending)."""
+        started = time.perf_counter()
+        try:
+            while self._snapshots:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._after_snapshots.append(fut)
+                await fut
+        finally:
+            self._blocked_seconds += time.perf_counter() - started
 
     async def _wait_capacity(self, controller: AsyncExecutionController) -> None:
         limit = self.config.max_in_flight

@@ -4,11 +4,13 @@ contextvars and real asyncio I/O inside records."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import random
 import subprocess
 import sys
 import textwrap
+from collections import Counter as Multiset
 from collections.abc import Callable
 from typing import Any
 
@@ -1156,3 +1158,99 @@ async def test_process_from_inside_a_record_admits_at_once_even_at_capacity(
         assert sorted(out) == sorted(
             [(k + d, d, 1) for k in (0, 10) for d in range(4)])
         assert op.metrics["records_in"] == op.metrics["records_done"] == 8
+
+
+# -- snapshots under steady input, and calls while the operator is opening -----------------
+
+
+class SlowCounter(ast.KeyedProcessFunction):
+    """Counts per key, with a real sleep between the read and the write."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        n = await self.count.value() or 0
+        await asyncio.sleep(0.002)
+        await self.count.update(n + 1)
+
+
+class ReadCount(SlowCounter):
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        ctx.emit((value, await self.count.value()))
+
+
+@pytest.mark.timeout(120)
+async def test_a_snapshot_under_steady_input_holds_exactly_the_records_admitted_before_it(
+        tmp_path: Any) -> None:
+    """Another task keeps feeding records that each take 2 ms, so records are always in
+    flight: the snapshot holds later records back instead of draining forever, and the
+    part holds exactly the records whose process() returned before the call."""
+    admitted = 0
+    keys = 10
+
+    async def feed(op: ast.KeyedOperator) -> None:
+        nonlocal admitted
+        i = 0
+        while True:
+            await op.process(i % keys)
+            admitted += 1
+            i += 1
+            await asyncio.sleep(0.0005)
+
+    op = ast.KeyedOperator(SlowCounter(), key_selector=lambda r: r, backend=ast.HeapBackend(),
+                           config=ast.AsyncStateConfig(max_in_flight=100))
+    async with op:
+        producer = asyncio.create_task(feed(op))
+        try:
+            paths = []
+            for checkpoint_id in (1, 2):
+                while admitted < 50 * checkpoint_id:
+                    await asyncio.sleep(0.001)
+                before = admitted
+                async with asyncio.timeout(60):  # without the barrier: never returns
+                    paths.append((await op.snapshot(tmp_path, checkpoint_id), before))
+            async with asyncio.timeout(60):  # the producer goes on after the snapshots
+                while admitted < before + 10:
+                    await asyncio.sleep(0.001)
+        finally:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+    for path, before in paths:
+        reader = ast.KeyedOperator(ReadCount(), key_selector=lambda r: r,
+                                   backend=ast.HeapBackend(), restore_from=path)
+        async with reader:
+            for key in range(keys):
+                await reader.process(key)
+        expected = Multiset(i % keys for i in range(before))
+        assert sorted(reader.outputs()) == [(k, expected[k] or None) for k in range(keys)]
+
+
+class SlowOpen(ast.KeyedProcessFunction):
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+
+    async def open(self, ctx: ast.RuntimeContext) -> None:
+        await self.gate.wait()
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        await self.count.update((await self.count.value() or 0) + 1)
+        ctx.emit(await self.count.value())
+
+
+async def test_calls_from_other_tasks_while_open_runs_are_refused(tmp_path: Any) -> None:
+    gate = asyncio.Event()
+    op = ast.KeyedOperator(SlowOpen(gate), key_selector=lambda r: r, backend=ast.HeapBackend())
+    entering = asyncio.create_task(op.__aenter__())
+    await asyncio.sleep(0)  # the operator is now awaiting open()
+    for call in (lambda: op.process(1), lambda: op.snapshot(tmp_path, 1), op.drain):
+        with pytest.raises(ast.InvalidStateError, match=r"is still opening"):
+            await call()
+    gate.set()
+    assert await entering is op
+    await op.process(1)
+    await op.__aexit__(None, None, None)
+    assert op.outputs() == [1]
+    assert not (tmp_path / "chk-1").exists()
