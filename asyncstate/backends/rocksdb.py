@@ -734,6 +734,11 @@ class RocksDBBackend:
                 f"RocksDBBackend {self._path!r} has batches under way; its state can only be "
                 "discarded while no batch is under way")
         dropped = sorted(self._handles)
+        # Whatever there is to drop, the directory is fresh afterwards: usable, and cut by
+        # this operator's key groups.
+        self._unusable = None
+        if self._binding is not None:
+            self._store_max_parallelism(self._binding.max_parallelism)
         if not self._families and self._list_seq == 0 and self._scan(
                 _scan_is_empty, self._live_db(), _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
             return dropped
@@ -749,9 +754,6 @@ class RocksDBBackend:
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
             raise _translate_error(exc, self._path) from None
         self._list_seq = 0
-        self._unusable = None
-        if self._binding is not None:
-            self._store_max_parallelism(self._binding.max_parallelism)
         log.info("rocksdb.state_discarded", path=self._path, states=dropped)
         return dropped
 

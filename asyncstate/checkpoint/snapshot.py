@@ -28,6 +28,7 @@ import msgpack
 from asyncstate.checkpoint.layout import PartManifest
 from asyncstate.checkpoint.reader import Checkpoint
 from asyncstate.checkpoint.writer import PackedRecords, write_part
+from asyncstate.config import check_state_name
 from asyncstate.errors import CheckpointError, KeyGroupError
 from asyncstate.keygroups import (
     KeyGroupRange,
@@ -199,9 +200,17 @@ def _check_max_parallelism(checkpoint: Checkpoint, max_parallelism: int) -> None
 def check_restorable(checkpoint: Checkpoint, key_group_range: KeyGroupRange,
                      max_parallelism: int) -> None:
     """What can be checked of a restore before any state is replaced: the max_parallelism,
-    and the size and checksum of every key group of `key_group_range` (CheckpointError naming
-    the file and key group)."""
+    the state names and kinds, and the size and checksum of every key group of
+    `key_group_range` (CheckpointError naming the file and key group)."""
     _check_max_parallelism(checkpoint, max_parallelism)
+    for name, kind in checkpoint.states.items():
+        try:
+            check_state_name(name)
+            StateKind(kind)
+        except ValueError as exc:
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path!r} holds state {name!r} of kind {kind!r}, which "
+                f"cannot be restored: {exc}", path=checkpoint.path) from exc
     checkpoint.verify(key_group_range)
 
 

@@ -5,6 +5,7 @@ write batch."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 from pathlib import Path
@@ -22,7 +23,7 @@ from asyncstate.backends.rocksdb import (
     _RESTORE_BATCH_ENTRIES,
     RocksDBBackend,
 )
-from asyncstate.backends.rocksdb_layout import _KIND_PREFIX, _MAX_P_KEY, _SEQ_KEY
+from asyncstate.backends.rocksdb_layout import _KIND_PREFIX, _MAX_P_KEY, _RESTORING_KEY, _SEQ_KEY
 from asyncstate.checkpoint.format import checkpoint_path, open_checkpoint, write_part
 from asyncstate.errors import BackendError, InvalidStateError
 from asyncstate.runtime.requests import StateKind, StateRequestType
@@ -433,7 +434,7 @@ async def checkpoint_of(tmp_path: Path, max_p: int, keys: list[str]) -> str:
         return await op.snapshot(tmp_path / f"chk-of-{max_p}", 1)
 
 
-@pytest.mark.parametrize("refusal", ["max-parallelism", "checksum"])
+@pytest.mark.parametrize("refusal", ["max-parallelism", "checksum", "state-name"])
 async def test_a_refused_restore_leaves_the_directory_as_it_was(tmp_path, refusal):
     """What can be checked before the directory's state is discarded is checked first."""
     path = tmp_path / "db"
@@ -450,6 +451,13 @@ async def test_a_refused_restore_leaves_the_directory_as_it_was(tmp_path, refusa
         data[last.offset] ^= 0xFF  # the last key group: read after all the others
         Path(part.data_path).write_bytes(bytes(data))
         pattern = r"checksum"
+    if refusal == "state-name":  # a name no backend takes (written by another program)
+        checkpoint = await checkpoint_of(tmp_path, 128, keys)
+        [manifest] = Path(checkpoint).glob("part-*/_MANIFEST.json")
+        obj = json.loads(manifest.read_text())
+        obj["states"] = {"co\x00unt": obj["states"]["count"]}
+        manifest.write_text(json.dumps(obj))
+        pattern = r"holds state 'co\\x00unt' of kind 'value', which cannot be restored"
     with pytest.raises(ast.CheckpointError, match=pattern):
         await count(path, 128, keys, checkpoint)
     assert await count(path, 128, keys) == [(k, 2) for k in keys]
@@ -485,6 +493,21 @@ async def test_a_restore_failing_midway_leaves_the_directory_refused_until_one_c
     good = await checkpoint_of(tmp_path, 128, ["k0", "k0"])
     assert await count(path, 128, ["k0", "k1"], good) == [("k0", 3), ("k1", 1)]
     assert await count(path, 128, ["k0"]) == [("k0", 4)]
+
+
+async def test_a_restore_into_a_marked_directory_with_nothing_to_drop_completes(tmp_path):
+    """A restore killed between its mark and its first write leaves the mark in a directory
+    with no state at all: the next restore must still make it usable."""
+    path = tmp_path / "db"
+    with RocksDBBackend(path):
+        pass
+    damage_metadata(path, _RESTORING_KEY, b"")
+    refused = r"holds a restore that did not complete"
+    with pytest.raises(BackendError, match=refused):
+        await count(path, 128, ["a"])
+    good = await checkpoint_of(tmp_path, 128, ["a", "b"])
+    assert await count(path, 128, ["a"], good) == [("a", 2)]
+    assert await count(path, 128, ["a"]) == [("a", 3)]
 
 
 # -- argument and lifecycle checks ----------------------------------------------------------
