@@ -60,7 +60,6 @@ _packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _MAX_DEPTH: Final = 1024
 _TOO_DEEP: Final = f"it is nested more than {_MAX_DEPTH} levels deep, the most msgpack decodes"
 _CONTAINER_HEADS: Final = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
-_MAP_HEADS: Final = bytes([*range(0x80, 0x90), 0xDE, 0xDF])
 
 
 def _too_deep(data: bytes) -> bool:
@@ -164,7 +163,7 @@ def to_stored(value: object, state_name: str) -> Any:
             f"value of state {state_name!r} cannot be encoded with msgpack ({tp.__name__}): "
             f"{_TOO_DEEP}",
             state_name=state_name, type_name=tp.__name__)
-    if _map_in_map_key(data):
+    if _dict_key_holds_dict(value):
         raise SerializationError(
             f"value of state {state_name!r} cannot be read back ({tp.__name__}): a dict key "
             "is or holds a dict (a hashable dict subclass packs as a map, which decodes as an "
@@ -172,18 +171,41 @@ def to_stored(value: object, state_name: str) -> Any:
     return Packed(data)
 
 
-def _map_in_map_key(data: bytes) -> bool:
-    """True if `data` (msgpack that packed) has a map inside a map key, which no decoder
-    can build (a dict is unhashable). Only bytes with two map heads or more can: others
-    skip the trial decode."""
-    if len(data) - len(data.translate(None, _MAP_HEADS)) < 2:
-        return False
-    try:
-        decode_value(data)
-    except TypeError:
-        return True
-    except SerializationError:
-        return False
+def _dict_key_holds_dict(value: object) -> bool:
+    """True if a dict in `value` has a key that is or holds a dict. msgpack packs such a key
+    (a hashable dict subclass) as a map, which no decoder can make a dict key. A walk with
+    its own stack; ints, floats, strs and bytes are skipped by identity checks, so long lists
+    of numbers cost little."""
+    stack: list[object] = [value]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            for key, item in obj.items():
+                if _is_container(key) and _holds_dict(key):
+                    return True
+                if _is_container(item):
+                    stack.append(item)
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                if _is_container(item):
+                    stack.append(item)
+    return False
+
+
+def _is_container(obj: object) -> bool:
+    tp = type(obj)
+    return not (tp is int or tp is float or tp is str or tp is bytes or tp is bool
+                or obj is None)
+
+
+def _holds_dict(key: object) -> bool:
+    stack: list[object] = [key]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            return True
+        if isinstance(obj, (list, tuple)):
+            stack.extend(obj)
     return False
 
 

@@ -124,9 +124,11 @@ def test_values_whose_dict_keys_hold_dicts_are_refused_at_the_write(bad: Any) ->
 
 
 def test_values_with_several_dicts_and_no_dict_in_a_key_are_kept() -> None:
-    value = {"a": {"b": {1: {"c": (2, 3)}}}, (4, "t"): {"d": {}}, "\x80\x81": {"\xde": 1}}
+    value = {"a": {"b": {1: {"c": (2, 3)}}}, (4, "t"): {"d": {}}, "\x80\x81": {"\xde": 1},
+             "sub": HashableDict(x=[HashableDict()])}  # dict subclasses as values are fine
     assert decode_value(stored_to_bytes(to_stored(value, "s"))) == {
-        "a": {"b": {1: {"c": [2, 3]}}}, (4, "t"): {"d": {}}, "\x80\x81": {"\xde": 1}}
+        "a": {"b": {1: {"c": [2, 3]}}}, (4, "t"): {"d": {}}, "\x80\x81": {"\xde": 1},
+        "sub": {"x": [{}]}}
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
