@@ -303,18 +303,17 @@ class RocksDBBackend:
         self._kg_prefix = [kg.to_bytes(2, "big") for kg in range(binding.max_parallelism)]
         max_p = binding.max_parallelism
         stored = self._stored_max_p
-        if self._unusable is not None:
-            pass
-        elif stored and stored != max_p and self._families:
-            # Refused at the first use of the state, not here: a restore discards it first.
-            self._unusable = (
-                f"RocksDB directory {self._path!r} holds state cut into {stored} key groups "
-                f"(max_parallelism {stored}), and this operator uses max_parallelism "
-                f"{max_p}: key groups are fixed for the life of the state. Open it with "
-                f"max_parallelism {stored}, restore a checkpoint into it (which replaces its "
-                f"state), or use another directory")
-        else:
-            self._store_max_parallelism(max_p)
+        if self._unusable is None:  # else a restore must come first, which records max_p
+            if stored and stored != max_p and self._families:
+                # Refused at the first use of the state, not here: a restore discards it.
+                self._unusable = (
+                    f"RocksDB directory {self._path!r} holds state cut into {stored} key "
+                    f"groups (max_parallelism {stored}), and this operator uses "
+                    f"max_parallelism {max_p}: key groups are fixed for the life of the "
+                    f"state. Open it with max_parallelism {stored}, restore a checkpoint into "
+                    f"it (which replaces its state), or use another directory")
+            else:
+                self._store_max_parallelism(max_p)
 
     def _store_max_parallelism(self, max_p: int) -> None:
         if max_p != self._stored_max_p:
