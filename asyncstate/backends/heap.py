@@ -240,13 +240,22 @@ class HeapBackend:
             if kind is None:
                 raise KeyError(f"state {name!r} is not registered in this HeapBackend")
             table = self._tables[name]
+            # An empty list or map is no entry, as RocksDB stores it: it replaces what was
+            # there with nothing.
             if kind is StateKind.LIST:
                 for _, key_bytes, ns, data in run:
-                    table[_table_key(key_bytes, ns)] = [_from_bytes(x) for x in data]
+                    items = [_from_bytes(x) for x in data]
+                    if items:
+                        table[_table_key(key_bytes, ns)] = items
+                    else:
+                        table.pop(_table_key(key_bytes, ns), None)
             elif kind is StateKind.MAP:
                 for _, key_bytes, ns, data in run:
-                    table[_table_key(key_bytes, ns)] = {_checked_user_key(uk): _from_bytes(v)
-                                                        for uk, v in data}
+                    entries_ = {_checked_user_key(uk): _from_bytes(v) for uk, v in data}
+                    if entries_:
+                        table[_table_key(key_bytes, ns)] = entries_
+                    else:
+                        table.pop(_table_key(key_bytes, ns), None)
             else:  # value, reducing, aggregating; _from_bytes inlined (hot loop)
                 data = None
                 try:

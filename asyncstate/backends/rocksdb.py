@@ -675,6 +675,7 @@ class RocksDBBackend:
         check = check_value_bytes  # stored undecoded: damage must show here, not at a read
         seq = self._list_seq
         pending = 0
+        written: set[bytes] = set()  # list and map prefixes this call has written
         try:  # no local for the database or a column family (see _release)
             for name, key_bytes, namespace, data in entries:
                 handle = handles.get(name)
@@ -688,8 +689,10 @@ class RocksDBBackend:
                         raise CheckpointError(
                             f"state {name!r} ({kind.value}) of key group {key_group} needs a "
                             f"list of entries, got {type(data).__name__}")
-                    if name in occupied:
+                    # An entry replaces the one before it, also one given earlier in this call.
+                    if name in occupied or prefix in written:
                         wb.delete_range(prefix, _prefix_end(prefix), handle.cf_handle)
+                    written.add(prefix)
                     if kind is StateKind.LIST:
                         for value in data:
                             check(value)

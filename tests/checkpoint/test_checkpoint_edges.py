@@ -109,6 +109,30 @@ def test_map_entry_whose_user_key_does_not_decode_fails_the_restore(tmp_path, ki
         backend.close()
 
 
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_a_later_entry_of_the_same_list_or_map_replaces_an_earlier_one(tmp_path, kind):
+    """restore_key_group replaces what is held for each (state, key, namespace), also an
+    entry given earlier in the same call, and an empty list or map is no entry: both
+    backends hold the same afterwards (asyncstate's own snapshots never repeat an entry)."""
+    chk = checkpoint_path(tmp_path, 1)
+    kg = ast.assign_to_key_group("b", MAX_P)
+    key, ns = canonical_key("b"), canonical_key(None)
+    one, two = msgpack.packb(1), msgpack.packb(2)
+    entries = [["l", key, ns, [one]], ["l", key, ns, [two]],
+               ["m", key, ns, [[canonical_key("x"), one]]], ["m", key, ns, []]]
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=MAX_P,
+               states={"l": "list", "m": "map"},
+               key_groups=[(kg, [[0, len(entries)], *entries])])
+    backend = _backend(kind, tmp_path)
+    try:
+        restore_snapshot(backend, open_checkpoint(chk), KeyGroupRange(0, MAX_P - 1), MAX_P)
+        held = backend.snapshot_key_group(kg, MAX_P) if kind == "heap" \
+            else backend.snapshot_key_group(kg)
+        assert [list(e) for e in held] == [["l", key, ns, [two]]]
+    finally:
+        backend.close()
+
+
 def test_operator_state_element_nested_too_deep_is_a_checkpoint_error(tmp_path):
     chk = checkpoint_path(tmp_path, 1)
     _write_one_part(chk, [], extra={"operator_state": {
