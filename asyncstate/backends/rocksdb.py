@@ -61,6 +61,7 @@ from asyncstate.backends.rocksdb_options import (
     DEFAULT_WRITE_BUFFER_BYTES as DEFAULT_WRITE_BUFFER_BYTES,
 )
 from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
+from asyncstate.backends.rocksdb_options import _check_not_forked, _note_opened
 from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
 from asyncstate.config import MAX_MAX_PARALLELISM, check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
@@ -183,7 +184,9 @@ class RocksDBBackend:
         self._options = options
         self._io_parallelism = io_parallelism
         self._inline_read_keys = inline_read_keys
+        _check_not_forked(self._path)
         db_options, self._write_options = options.to_rocksdict()
+        _note_opened()  # from here on RocksDB's background threads may run
         try:
             existing = (rocksdict.Rdict.list_cf(self._path)
                         if os.path.exists(os.path.join(self._path, "CURRENT")) else [])

@@ -7,12 +7,13 @@ cache of the same capacity shares one cache, created on first use.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import rocksdict
 
 from asyncstate.config import check_int
-from asyncstate.errors import ConfigError
+from asyncstate.errors import BackendError, ConfigError
 
 __all__ = [
     "DEFAULT_BLOCK_CACHE_BYTES",
@@ -33,16 +34,56 @@ _MAX_MEMTABLE_BLOOM_RATIO = 0.25  # RocksDB clamps larger ratios to this
 
 _caches: dict[int, rocksdict.Cache] = {}
 _caches_lock = threading.Lock()
+# A database was opened in this process (or before a fork, in an ancestor): RocksDB's
+# background threads, which run every flush and compaction, have started.
+_opened = False
+# In a process forked after a database was opened: the parent's pid.
+_forked_from: int | None = None
+# What a forked process inherited and must never destroy: a destructor could wait on a lock
+# that a thread of the parent held at the fork.
+_inherited: list[object] = []
 
 
 def _shared_block_cache(capacity: int) -> rocksdict.Cache:
-    """The process's block cache of `capacity` bytes. It is created on first use, not at
-    import, so a forked Spark worker builds its own."""
+    """The process's block cache of `capacity` bytes, created on first use in this process:
+    a forked worker builds its own."""
     with _caches_lock:
         cache = _caches.get(capacity)
         if cache is None:
             cache = _caches[capacity] = rocksdict.Cache(capacity)
         return cache
+
+
+def _note_opened() -> None:
+    """A RocksDB database was opened in this process (see `_check_not_forked`)."""
+    global _opened
+    _opened = True
+
+
+def _check_not_forked(path: str) -> None:
+    """BackendError in a process forked after its parent had opened a RocksDB database.
+    RocksDB's background threads do not survive a fork, so a database opened here would wait
+    forever for its first flush (at the latest when it closes)."""
+    if _forked_from is not None:
+        raise BackendError(
+            f"cannot open RocksDB directory {path!r}: this process was forked from process "
+            f"{_forked_from} after that one had opened a RocksDB database, and RocksDB's "
+            "background threads (flushes, compactions) do not survive a fork, so every "
+            "flush here would wait forever. Open RocksDB only in processes that did not "
+            "inherit it: start workers with the 'spawn' or 'forkserver' method, or fork "
+            "before the first RocksDBBackend is created", path=path)
+
+
+def _after_fork_in_child() -> None:
+    global _caches, _caches_lock, _forked_from
+    _inherited.append(_caches)
+    _caches = {}
+    _caches_lock = threading.Lock()  # a thread of the parent may have held the old one
+    if _opened and _forked_from is None:
+        _forked_from = os.getppid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

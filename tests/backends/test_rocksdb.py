@@ -564,6 +564,53 @@ def test_opening_a_directory_used_by_another_process_names_the_path(tmp_path):
     assert out.stdout.startswith(f"{path} RocksDB directory {path!r} is already in use")
 
 
+_FORK_AFTER_OPEN = textwrap.dedent("""
+    import os, sys, asyncstate as ast
+    from asyncstate.backends import rocksdb_options
+    from asyncstate.errors import BackendError
+    from asyncstate.runtime.requests import StateKind
+    root, opened_first = sys.argv[1], sys.argv[2] == "1"
+    if opened_first:  # RocksDB's background threads start with the first database
+        ast.RocksDBBackend(os.path.join(root, "parent")).close()
+    parent_caches = dict(rocksdb_options._caches)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            backend = ast.RocksDBBackend(os.path.join(root, "child"))
+            backend.register_state("v", StateKind.VALUE)
+            backend.close()  # the first flush: it would wait forever in a broken child
+            print("child opened and closed", flush=True)
+        except BackendError as exc:
+            print("child refused:", exc, flush=True)
+        own = rocksdb_options._shared_block_cache(64 * 1024 * 1024)
+        print("child cache is the parent's:", any(own is c for c in parent_caches.values()),
+              flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child status", status, flush=True)
+""")
+
+
+@pytest.mark.parametrize("opened_first", [True, False])
+def test_a_process_forked_after_rocksdb_was_opened_refuses_it_clearly(tmp_path,
+                                                                      opened_first):
+    """RocksDB's background threads do not survive a fork: a database opened in such a child
+    would hang at its first flush, so it is refused with an error saying why. A child forked
+    before any database was opened uses RocksDB normally, and builds its own block cache."""
+    out = subprocess.run([sys.executable, "-c", _FORK_AFTER_OPEN, str(tmp_path),
+                          "1" if opened_first else "0"], capture_output=True, text=True,
+                         check=True, timeout=120,  # the hang this guards against
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    lines = out.stdout.splitlines()
+    if opened_first:
+        assert re.match(r"^child refused: cannot open RocksDB directory '.*child': this process "
+                        r"was forked from process \d+ after that one had opened a RocksDB "
+                        r"database", lines[0]), out.stdout + out.stderr
+    else:
+        assert lines[0] == "child opened and closed", out.stdout + out.stderr
+    assert lines[1] == "child cache is the parent's: False"
+
+
 async def test_close_releases_the_directory_even_with_live_handles_and_cursors(tmp_path):
     path = tmp_path / "db"
     backend = RocksDBBackend(path)
