@@ -724,7 +724,6 @@ class RocksDBBackend:
             wb.put(_SEQ_KEY, pack(seq))
             self._live_db().write(wb, self._write_options)
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
-            _release(exc)
             raise self._failure(exc) from None
 
     def discard_state(self) -> list[str]:
