@@ -98,6 +98,15 @@ def _checked_user_key(data: object) -> Any:
     return data
 
 
+def _replace(table: Table, key: Any, container: list[Any] | dict[Any, Any]) -> None:
+    """Store a restored list or map under `key`; an empty one is no entry, as RocksDB
+    stores it: it replaces what was there with nothing."""
+    if container:
+        table[key] = container
+    else:
+        table.pop(key, None)
+
+
 def _entry(item: tuple[bytes, Any]) -> tuple[Any, Any]:
     return (decode_key(item[0]), from_stored(item[1]))
 
@@ -240,22 +249,13 @@ class HeapBackend:
             if kind is None:
                 raise KeyError(f"state {name!r} is not registered in this HeapBackend")
             table = self._tables[name]
-            # An empty list or map is no entry, as RocksDB stores it: it replaces what was
-            # there with nothing.
             if kind is StateKind.LIST:
                 for _, key_bytes, ns, data in run:
-                    items = [_from_bytes(x) for x in data]
-                    if items:
-                        table[_table_key(key_bytes, ns)] = items
-                    else:
-                        table.pop(_table_key(key_bytes, ns), None)
+                    _replace(table, _table_key(key_bytes, ns), [_from_bytes(x) for x in data])
             elif kind is StateKind.MAP:
                 for _, key_bytes, ns, data in run:
-                    entries_ = {_checked_user_key(uk): _from_bytes(v) for uk, v in data}
-                    if entries_:
-                        table[_table_key(key_bytes, ns)] = entries_
-                    else:
-                        table.pop(_table_key(key_bytes, ns), None)
+                    _replace(table, _table_key(key_bytes, ns),
+                             {_checked_user_key(uk): _from_bytes(v) for uk, v in data})
             else:  # value, reducing, aggregating; _from_bytes inlined (hot loop)
                 data = None
                 try:
