@@ -12,7 +12,7 @@ Everything here is internal to the RocksDB backend modules.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Final
 
 import rocksdict
 
@@ -25,12 +25,26 @@ __all__: list[str] = []
 _T = StateRequestType
 # Bound once: CPython 3.11 compiles `name.method(...)` on an imported name as a plain attribute
 # load (the fast path for modules), so `_SEQ.pack(seq)` would build a bound method per call.
-_pack_seq = _SEQ.pack
-_VALUE_KINDS = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
+# Final: a compiled module reads these names from C statics (the ints as constants) instead
+# of looking them up in the module's dict on every request.
+_pack_seq: Final = _SEQ.pack
+_VALUE_KINDS: Final = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
 
 # Request categories, indexed by request type: the plan dispatches on one small int.
-_GET, _MAP_GET, _MAP_CONTAINS, _PUT, _MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE = range(7)
-_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE, _CLEAR, _ITER, _LOAD, _NONE = range(7, 14)
+_GET: Final = 0
+_MAP_GET: Final = 1
+_MAP_CONTAINS: Final = 2
+_PUT: Final = 3
+_MAP_PUT: Final = 4
+_MAP_PUT_ALL: Final = 5
+_MAP_REMOVE: Final = 6
+_LIST_ADD: Final = 7
+_LIST_ADD_ALL: Final = 8
+_LIST_UPDATE: Final = 9
+_CLEAR: Final = 10
+_ITER: Final = 11
+_LOAD: Final = 12
+_NONE: Final = 13
 _CATEGORY_OF = {
     _T.CLEAR: _CLEAR, _T.VALUE_GET: _GET, _T.VALUE_UPDATE: _PUT, _T.LIST_GET: _ITER,
     _T.LIST_ADD: _LIST_ADD, _T.LIST_UPDATE: _LIST_UPDATE, _T.LIST_ADD_ALL: _LIST_ADD_ALL,
@@ -40,7 +54,7 @@ _CATEGORY_OF = {
     _T.ITERATOR_LOADING: _LOAD, _T.REDUCING_GET: _GET, _T.REDUCING_ADD: _PUT,
     _T.AGGREGATING_GET: _GET, _T.AGGREGATING_ADD: _PUT,
 }
-_CATEGORY = [_CATEGORY_OF.get(t, _NONE) for t in StateRequestType]
+_CATEGORY: Final = [_CATEGORY_OF.get(t, _NONE) for t in StateRequestType]
 
 
 # -- handles, cursors, jobs -----------------------------------------------------------------
@@ -176,6 +190,8 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
     steps = job.steps
     point_reads = 0
     category = _CATEGORY
+    last_handle: _StateHandle | None = None
+    touched = _Touched()  # replaced at the first request
     wb: rocksdict.WriteBatch | None = None
     segment = 0
     seq_start = job.list_seq
@@ -201,9 +217,12 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 prefix = cached
             else:
                 prefix = kg_prefix[ctx.key_group] + ctx.key_bytes + namespace
-        touched = all_touched.get(handle)
-        if touched is None:
-            touched = all_touched[handle] = _Touched()
+        if handle is not last_handle:  # a batch's requests mostly share one state
+            found = all_touched.get(handle)
+            if found is None:
+                found = all_touched[handle] = _Touched()
+            touched = found
+            last_handle = handle
         if cat <= _MAP_CONTAINS:
             if cat == _GET:
                 key = prefix
