@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from asyncstate.errors import InvalidStateError
+from asyncstate.runtime.context import current_context
 from asyncstate.runtime.future import StateFuture, combine_all, completed_future, failed_future
 from asyncstate.runtime.requests import IteratorChunk, StateRequestType
 
 if TYPE_CHECKING:
+    from asyncstate.runtime.context import RecordContext
     from asyncstate.state.base import InternalState
 
 __all__ = ["StateIterator"]
@@ -20,9 +23,9 @@ _LOADING = StateRequestType.ITERATOR_LOADING
 class StateIterator(Generic[T]):
     """Items of a list or map state. The first chunk is loaded with the request; later
     chunks (of `AsyncStateConfig.iterator_chunk_size` items) load on demand, within the
-    record that created the iterator."""
+    record that created the iterator: loading them anywhere else raises InvalidStateError."""
 
-    __slots__ = ("_continuation", "_items", "_request_type", "_state")
+    __slots__ = ("_continuation", "_ctx", "_items", "_request_type", "_state")
 
     def __init__(self, state: InternalState, request_type: StateRequestType,
                  chunk: IteratorChunk) -> None:
@@ -30,6 +33,9 @@ class StateIterator(Generic[T]):
         self._request_type = request_type
         self._items: list[Any] = chunk.items
         self._continuation = chunk.continuation
+        # The record whose state this is: a later chunk is read under its key, so only it
+        # may load one (it holds that key, and nothing it has not seen is mixed in).
+        self._ctx: RecordContext | None = current_context()
 
     def __repr__(self) -> str:
         more = ", more to load" if self._continuation is not None else ""
@@ -41,6 +47,13 @@ class StateIterator(Generic[T]):
 
     def _load_next(self) -> StateFuture[StateIterator[T]]:
         state = self._state
+        if current_context() is not self._ctx:
+            owner = (f"the record with key {self._ctx.key!r}" if self._ctx is not None
+                     else "code outside any record")
+            raise InvalidStateError(
+                f"an iterator of state {state.name!r} can load its further items only within "
+                f"the record that created it ({owner}); collect the items there, with "
+                f"to_list(), and pass the list on")
         return state._controller.handle_request(
             state, _LOADING, (self._request_type, self._continuation)).then_apply(self._wrap)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+
 import pytest
 
 import asyncstate as ast
@@ -230,3 +233,82 @@ async def test_on_next_fn_raising_fails_the_returned_future_never_the_call(sh, f
     out = await sh.run(sh.AsyncScript(l=L("l")), [("k", step)], iterator_chunk_size=CHUNK)
     assert out == [("failed", "Boom", (fail_at,))]
     assert seen == list(range(fail_at + 1))
+
+
+# -- an iterator belongs to the record that created it ----------------------------------------
+
+_NOT_ITS_RECORD = (r"^an iterator of state 'l' can load its further items only within the "
+                   r"record that created it \(the record with key 'a'\); collect the items "
+                   r"there, with to_list\(\), and pass the list on$")
+
+
+async def _consume(it, how):
+    if how == "to_list":
+        return await it.to_list()
+    if how == "on_next":
+        return await it.on_next(lambda v: v)
+    return [item async for item in it]
+
+
+@pytest.mark.parametrize("later_key", ["a", "b"])
+@pytest.mark.parametrize("how", ["to_list", "on_next", "async for"])
+async def test_an_iterator_kept_past_its_record_refuses_to_load_more_in_a_later_one(
+        sh, later_key, how):
+    """A later chunk is read under the creating record's key. Another record (of the same key
+    or not) that resumes a kept iterator gets InvalidStateError instead of items read
+    outside its own key's order; the chunk already loaded stays readable, and the run goes
+    on."""
+    kept = []
+
+    async def make(s, ctx):
+        await s.l.add_all(range(N))
+        kept.append(await s.l.get())  # first chunk loaded; the rest is not
+
+    async def resume(s, ctx):
+        while not kept:  # another key's record may start first
+            await asyncio.sleep(0)
+        it = kept[0]
+        try:
+            await _consume(it, how)
+        except ast.InvalidStateError as exc:
+            ctx.emit(("refused", str(exc), it.is_empty()))
+        await s.l.add(-1)  # the record's own state calls still work
+        ctx.emit(await (await s.l.get()).to_list())
+
+    out = await sh.run(sh.AsyncScript(l=L("l")), [("a", make), (later_key, resume)],
+                       iterator_chunk_size=CHUNK)
+    refused, message, empty = out[0]
+    assert (refused, empty) == ("refused", False)
+    assert re.fullmatch(_NOT_ITS_RECORD, message)
+    assert out[1] == ([*range(N), -1] if later_key == "a" else [-1])
+
+
+async def test_an_iterator_whose_items_are_all_loaded_can_be_read_anywhere(sh):
+    """Nothing is left to load, so a later record reads the kept items without a request."""
+    kept = []
+
+    async def make(s, ctx):
+        await s.l.add_all(range(CHUNK))
+        kept.append(await s.l.get())
+
+    async def read(s, ctx):
+        while not kept:  # another key's record may start first
+            await asyncio.sleep(0)
+        ctx.emit(await kept[0].to_list())
+        ctx.emit([item async for item in kept[0]])
+
+    out = await sh.run(sh.AsyncScript(l=L("l")), [("a", make), ("b", read)],
+                       iterator_chunk_size=CHUNK)
+    assert out == [list(range(CHUNK)), list(range(CHUNK))]
+
+
+async def test_an_iterator_used_outside_any_record_refuses_to_load_more(sh):
+    kept = []
+
+    async def make(s, ctx):
+        await s.l.add_all(range(N))
+        kept.append(await s.l.get())
+
+    await sh.run(sh.AsyncScript(l=L("l")), [("a", make)], iterator_chunk_size=CHUNK)
+    with pytest.raises(ast.InvalidStateError, match=_NOT_ITS_RECORD):
+        kept[0].to_list()
