@@ -191,7 +191,8 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
     point_reads = 0
     category = _CATEGORY
     last_handle: _StateHandle | None = None
-    touched = _Touched()  # replaced at the first request
+    # Replaced at the first request; not Optional, so the compiled code checks for no None.
+    touched = _Touched()
     wb: rocksdict.WriteBatch | None = None
     segment = 0
     seq_start = job.list_seq

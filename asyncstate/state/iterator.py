@@ -33,8 +33,8 @@ class StateIterator(Generic[T]):
         self._request_type = request_type
         self._items: list[Any] = chunk.items
         self._continuation = chunk.continuation
-        # The record whose state this is: a later chunk is read under its key, so only it
-        # may load one (it holds that key, and nothing it has not seen is mixed in).
+        # The record whose state this is: a later chunk is read under that record's key,
+        # which no other code is sure to hold while it runs.
         self._ctx: RecordContext | None = current_context()
 
     def __repr__(self) -> str:
