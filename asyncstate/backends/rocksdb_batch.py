@@ -22,7 +22,7 @@ from asyncstate.serde import NONE_BYTES, from_stored, stored_to_bytes
 
 __all__: list[str] = []
 
-_T = StateRequestType
+_T: Final = StateRequestType
 # Bound once: CPython 3.11 compiles `name.method(...)` on an imported name as a plain attribute
 # load (the fast path for modules), so `_SEQ.pack(seq)` would build a bound method per call.
 # Final: a compiled module reads these names from C statics (the ints as constants) instead
@@ -191,8 +191,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
     point_reads = 0
     category = _CATEGORY
     last_handle: _StateHandle | None = None
-    # Replaced at the first request; not Optional, so the compiled code checks for no None.
-    touched = _Touched()
+    touched: _Touched  # set at the first request (last_handle is None until then)
     wb: rocksdict.WriteBatch | None = None
     segment = 0
     seq_start = job.list_seq
