@@ -36,15 +36,21 @@ PURE_PYTHON_ENV = "ASYNCSTATE_PURE_PYTHON"
 STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the compiled source}
 
 # The per-record path: futures, contexts, the controller and its parts, the coroutine
-# driver, the states (they share one compiled base class), key and value encoding, the
-# heap and RocksDB backends, and the operator that starts records. `runtime/stepping.py` and
-# `packed.py` stay interpreted on purpose (see their docstrings).
+# driver, the states (they share one compiled base class), key and value encoding (key
+# groups included), the heap and RocksDB backends, and the operator parts that admit and
+# start records.
+# `runtime/stepping.py`, `packed.py` and `operator/arguments.py` stay interpreted on purpose
+# (see their docstrings).
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
     "asyncstate.backends.rocksdb",
     "asyncstate.backends.rocksdb_batch",
     "asyncstate.backends.rocksdb_layout",
-    "asyncstate.operator",
+    "asyncstate.operator.admission",
+    "asyncstate.operator.inbox",
+    "asyncstate.operator.keyed",
+    "asyncstate.operator.records",
+    "asyncstate.operator.run",
     "asyncstate.runtime.buffer",
     "asyncstate.runtime.context",
     "asyncstate.runtime.driver",

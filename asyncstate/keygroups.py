@@ -11,10 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-import mmh3
-
 from asyncstate.config import MAX_MAX_PARALLELISM, check_int
-from asyncstate.serde import canonical_key
+from asyncstate.serde import canonical_key, key_group_of_bytes
 
 __all__ = [
     "KeyGroupRange",
@@ -24,19 +22,11 @@ __all__ = [
     "key_group_of_bytes",
 ]
 
-_hash = mmh3.hash
-
-
-def key_group_of_bytes(key_bytes: bytes, max_parallelism: int) -> int:
-    """Key group of canonical key bytes."""
-    return _hash(key_bytes, 0, False) % max_parallelism
-
-
 def assign_to_key_group(key: object, max_parallelism: int) -> int:
     """Key group of `key`: unsigned murmur3-32 (seed 0) of its canonical bytes, modulo
     `max_parallelism`."""
     check_int("max_parallelism", max_parallelism, 1, MAX_MAX_PARALLELISM)
-    return _hash(canonical_key(key), 0, False) % max_parallelism
+    return key_group_of_bytes(canonical_key(key), max_parallelism)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,6 +12,9 @@ everything else is packed once at the call that wrote it. That single step valid
 value (errors name the state and the type), copies it (later mutation of the caller's list
 cannot change stored state) and makes tuples come back as lists on every backend.
 
+A key's *key group* is the unsigned murmur3 x86 32-bit hash (seed 0) of its canonical bytes,
+modulo max_parallelism (`key_group_of_bytes`; `asyncstate.keygroups` has the public side).
+
 Ordered encodings (`encode_ordered_i64`) keep byte order equal to numeric order, for sorted
 keys such as timer timestamps.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
+import mmh3
 import msgpack
 
 from asyncstate.errors import SerializationError
@@ -37,6 +41,7 @@ __all__ = [
     "decode_value",
     "encode_ordered_i64",
     "from_stored",
+    "key_group_of_bytes",
     "stored_to_bytes",
     "to_stored",
 ]
@@ -46,9 +51,9 @@ _INT_MIN: Final = -(2**63)
 _INT_END: Final = 2**64
 _KEY_SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes})
 _VALUE_SCALARS: Final = _KEY_SCALARS
-_unpackb: Final = msgpack.unpackb
-_StackError: Final = msgpack.StackError
-# One reusable Packer (4x cheaper than msgpack.packb per call). Packing exact builtin types
+_unpackb: Final = msgpack.unpackb  # compiled: Final alias
+_StackError: Final = msgpack.StackError  # compiled: Final alias
+# One reusable Packer (cheaper than msgpack.packb per call). Packing exact builtin types
 # with no `default` hook never calls back into Python, so each call holds the GIL from start
 # to end and the shared buffer cannot be interleaved by another thread.
 _packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
@@ -119,6 +124,14 @@ def canonical_key(key: object, what: str = "key", state_name: str | None = None)
             f"{_describe(what, state_name)} cannot be encoded ({tp.__name__}): {_TOO_DEEP}",
             state_name=state_name, type_name=tp.__name__)
     return data
+
+
+_murmur3: Final = mmh3.hash  # compiled: Final alias
+
+
+def key_group_of_bytes(key_bytes: bytes, max_parallelism: int) -> int:
+    """Key group of canonical key bytes (`max_parallelism` is not checked here)."""
+    return _murmur3(key_bytes, 0, False) % max_parallelism
 
 
 def decode_key(data: bytes) -> Any:
@@ -258,7 +271,7 @@ def check_key_bytes(data: object) -> None:
 
 
 def _check_one(data: object, key: bool) -> None:
-    # Typed as object, so that the compiled build raises this TypeError, not its own.
+    # compiled: typed as object (the compiled build raises this TypeError, not its own).
     what = "key" if key else "value"
     if type(data) is not bytes:
         raise TypeError(f"stored {what} bytes must be bytes, got {type(data).__name__}")
@@ -298,8 +311,8 @@ _I64 = struct.Struct(">Q")
 
 def encode_ordered_i64(value: object) -> bytes:
     """8 bytes whose unsigned byte order equals the signed order of `value` (sign bit flipped).
-    `value` must be an int (not a bool) in [-2**63, 2**63), else SerializationError. (Typed
-    as object, so that the compiled build raises these errors, not its own.)"""
+    `value` must be an int (not a bool) in [-2**63, 2**63), else SerializationError."""
+    # compiled: typed as object (the compiled build raises these errors, not its own).
     if type(value) is not int:
         raise SerializationError(f"ordered int64 must be an int, got {type(value).__name__}",
                                  type_name=type(value).__name__)

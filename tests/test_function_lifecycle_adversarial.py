@@ -520,15 +520,16 @@ async def test_operator_key_selector_raising_leaves_operator_usable(make_backend
             raise Boom("selector")
         return record
 
-    async with ast.KeyedOperator(Counter(), key_selector=selector,
+    def timestamp(record):
+        return "soon" if record == "late" else None
+
+    async with ast.KeyedOperator(Counter(), key_selector=selector, timestamp_selector=timestamp,
                                  backend=make_backend()) as op:
         with pytest.raises(Boom):
             await op.process("bad")
         await op.process("k")
         with pytest.raises(ast.ConfigError):
-            op._timestamp_selector = lambda r: "soon"
-            await op.process("k")
-        op._timestamp_selector = None
+            await op.process("late")
         await op.process("k")
         await op.drain()
         assert op.outputs() == [("k", 1), ("k", 2)]

@@ -529,7 +529,8 @@ def _operator(**overrides: Any) -> ast.KeyedOperator:
     ({"key_selector": 5}, r"^key_selector must be callable, got int$"),
     ({"timestamp_selector": 3}, r"^timestamp_selector must be callable or None, got int$"),
     ({"backend": object()}, r"^backend must be a state backend \(HeapBackend, RocksDBBackend, "
-                            r"\.\.\.\), got object without open\(\)$"),
+                            r"\.\.\.\), got object without open\(\), execute_batch\(\), "
+                            r"register_state\(\), fully_loaded\(\), close\(\)$"),
     ({"backend": ast.HeapBackend}, r"^backend must be a state backend instance, got the class "
                                    r"HeapBackend \(call it: HeapBackend\(\.\.\.\)\)$"),
     ({"config": {}}, r"^config must be an AsyncStateConfig, got dict$"),

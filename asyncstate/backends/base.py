@@ -17,13 +17,19 @@ per key at a time, and calls `execute_batch` in trigger order. The executor prom
 Payloads and results follow `StateRequestType`: values arrive in stored form
 (`asyncstate.serde.to_stored`) and results are returned as user values (decoded).
 
-An executor that has no I/O to amortize may also be an `ImmediateExecutor` (it sets the class
-attribute ``completes_at_issue = True`` and has `execute_one`): the controller then calls
-`execute_one` at issue time, for records that hold their key, and completes the future at once.
+What else a backend can do is declared by the capability Protocols below, which an operator
+checks once when it opens (`BackendCapabilities.of`), never by probing attributes later:
 
-An immediate executor may also expose `immediate_ops`: a list indexed by request type of
-functions ``op(state.handle, key_bytes, namespace, payload) -> result`` (None where
-`execute_one` must be used); the controller then calls them directly on its hot path.
+- `ImmediateExecutor`: no I/O to amortize (``completes_at_issue = True``): the controller
+  calls `execute_one` at issue time for records that hold their key and completes the future
+  at once; `immediate_ops`, when not None, is a list indexed by request type of functions
+  ``op(state.handle, key_bytes, namespace, payload) -> result`` (None where `execute_one`
+  must be used), which the controller calls directly on its hot path.
+- `SnapshotBackend`: takes part in checkpoints, one key group at a time;
+  `GroupedSnapshotBackend` also encodes every key group in one pass over its storage.
+- `RestorableBackend`: its state outlives the operator (a directory): a restore discards
+  it first, marks the directory while it runs, and carries the list sequence numbers.
+- `WrappingBackend`: wraps another backend that holds the state (checkpoints go to it).
 
 `fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial
 batches are kept back (they grow) instead of being sent early for a waiter; full batches are
@@ -37,9 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from asyncstate.errors import CheckpointError
 from asyncstate.runtime.requests import (
     RequestState,
     StateKind,
@@ -47,15 +54,27 @@ from asyncstate.runtime.requests import (
     StateRequestType,
 )
 
+if TYPE_CHECKING:
+    from asyncstate.keygroups import KeyGroupRange
+
 __all__ = [
+    "BackendCapabilities",
     "BatchDelivery",
     "ExecutorBinding",
+    "GroupedSnapshotBackend",
     "ImmediateExecutor",
+    "ImmediateOp",
+    "RestorableBackend",
+    "SnapshotBackend",
     "StateExecutor",
+    "WrappingBackend",
 ]
 
 BatchDelivery = Callable[[list[StateRequest], "list[Any] | None", "BaseException | None"], None]
 """`deliver(batch, results, error)`: report one batch's outcome, on the loop thread."""
+
+ImmediateOp = Callable[[Any, bytes, bytes, Any], Any]
+"""``op(state.handle, key_bytes, namespace, payload) -> result`` of an `ImmediateExecutor`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,8 +111,121 @@ class StateExecutor(Protocol):
 
 @runtime_checkable
 class ImmediateExecutor(StateExecutor, Protocol):
-    """An executor that can complete a request at issue time."""
+    """An executor that completes requests at issue time (see the module docstring)."""
+
+    completes_at_issue: bool
+    immediate_ops: Sequence[ImmediateOp | None] | None
 
     def execute_one(self, state: RequestState, request_type: StateRequestType, payload: Any,
                     key_bytes: bytes, namespace: bytes) -> Any:
         """Apply one request now and return its result (raises on failure)."""
+
+
+@runtime_checkable
+class SnapshotBackend(Protocol):
+    """A backend that takes part in checkpoints. An entry is ``(state name, key bytes,
+    namespace bytes, data)`` (see `asyncstate.checkpoint.snapshot`)."""
+
+    def registered_states(self) -> dict[str, StateKind]:
+        """Every registered state and its kind."""
+
+    def register_state(self, name: str, kind: StateKind) -> Any:
+        """Declare a state (a restore declares every state of the checkpoint)."""
+
+    def snapshot_key_group(self, key_group: int) -> Iterable[Sequence[Any]]:
+        """The state entries of one key group."""
+
+    def restore_key_group(self, key_group: int, entries: Iterable[Sequence[Any]]) -> None:
+        """Store the state entries of one key group, replacing what the backend holds for
+        each (state, key, namespace) they name."""
+
+
+@runtime_checkable
+class GroupedSnapshotBackend(SnapshotBackend, Protocol):
+    """A `SnapshotBackend` that encodes all of its entries by key group in one pass."""
+
+    def snapshot_key_groups(self, key_groups: KeyGroupRange,
+                            max_parallelism: int) -> dict[int, tuple[int, bytes]]:
+        """For each non-empty key group: (number of entries, the entries msgpack-encoded back
+        to back); raises KeyGroupError for an entry outside `key_groups`."""
+
+
+@runtime_checkable
+class RestorableBackend(SnapshotBackend, Protocol):
+    """A `SnapshotBackend` whose state outlives the operator (a directory reopened later)."""
+
+    def mark_restoring(self, restoring: bool) -> None:
+        """Record that a restore is under way (True) or has completed (False): a directory
+        left marked refuses its state until a restore into it completes."""
+
+    def discard_state(self) -> list[str]:
+        """Drop every state the backend holds (a restore replaces it); the names dropped."""
+
+    def list_sequence(self) -> int:
+        """The next list element sequence number (carried by checkpoints)."""
+
+    def set_list_sequence(self, value: int) -> None:
+        """Raise the list sequence counter to at least `value`."""
+
+    def key_group_outside(self, key_groups: KeyGroupRange) -> tuple[str, int] | None:
+        """(state name, key group) of an entry stored outside `key_groups`, or None: a
+        snapshot of `key_groups` would leave it out."""
+
+
+@runtime_checkable
+class WrappingBackend(Protocol):
+    """A backend in front of another one that holds the state."""
+
+    @property
+    def checkpoint_backend(self) -> StateExecutor:
+        """The backend holding the state: checkpoints are written from and restored into it."""
+
+
+_SNAPSHOT_METHODS = ("registered_states", "register_state", "snapshot_key_group",
+                     "restore_key_group")
+_MAX_WRAPPERS = 16
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    """What a backend can do, resolved once when its operator opens.
+
+    `immediate`: the backend as an `ImmediateExecutor` when it completes requests at issue
+    time, else None. `store`: the backend holding the state for checkpoints (the backend
+    itself, or the one a `WrappingBackend` wraps), None when it is no `SnapshotBackend`
+    (`missing` then names the methods it lacks). `grouped` and `restorable`: `store` as
+    those Protocols, or None.
+    """
+
+    backend: StateExecutor
+    immediate: ImmediateExecutor | None
+    store: SnapshotBackend | None
+    grouped: GroupedSnapshotBackend | None
+    restorable: RestorableBackend | None
+    missing: tuple[str, ...]
+
+    @classmethod
+    def of(cls, backend: StateExecutor) -> BackendCapabilities:
+        """Resolve the capabilities of `backend`."""
+        immediate = backend if isinstance(backend, ImmediateExecutor) \
+            and backend.completes_at_issue else None
+        held: object = backend
+        for _ in range(_MAX_WRAPPERS):  # wrappers of wrappers, never a cycle
+            if not isinstance(held, WrappingBackend):
+                break
+            held = held.checkpoint_backend
+        if isinstance(held, SnapshotBackend):
+            return cls(backend, immediate, held,
+                       held if isinstance(held, GroupedSnapshotBackend) else None,
+                       held if isinstance(held, RestorableBackend) else None, ())
+        missing = tuple(m for m in _SNAPSHOT_METHODS if not callable(getattr(held, m, None)))
+        return cls(backend, immediate, None, None, None, missing)
+
+    def checkpoint_store(self, path: str) -> SnapshotBackend:
+        """`store`, or CheckpointError naming the checkpoint at `path` and what is missing."""
+        if self.store is None:
+            raise CheckpointError(
+                f"{type(self.backend).__name__} cannot take part in checkpoint {path!r}: it "
+                f"has no {', '.join(self.missing)} (see SnapshotBackend)", path=path)
+        return self.store
+

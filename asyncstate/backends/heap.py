@@ -7,7 +7,6 @@ import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
-import mmh3
 import msgpack
 
 from asyncstate.backends.base import ExecutorBinding
@@ -29,16 +28,17 @@ from asyncstate.serde import (
     decode_key,
     decode_value,
     from_stored,
+    key_group_of_bytes,
 )
 
 __all__ = ["HeapBackend"]
 
 _T = StateRequestType
-_Packed: Final = Packed  # Final: the compiled module reads it without a dict lookup
+_Packed: Final = Packed  # compiled: Final alias
 # An entry of the default namespace is keyed by its key bytes alone; any other namespace by
 # (key bytes, namespace bytes). bytes never equal tuples, so the two cannot collide, and the
-# common case hashes and compares one bytes object instead of a tuple (about 2x faster on a
-# large table, where each lookup's memory accesses dominate).
+# common case hashes and compares one bytes object instead of a tuple (faster on a large
+# table, where each lookup's memory accesses dominate).
 TableKey = bytes | tuple[bytes, bytes]
 Table = dict[TableKey, Any]
 Op = Callable[[Table, bytes, bytes, Any], Any]
@@ -46,7 +46,6 @@ Op = Callable[[Table, bytes, bytes, Any], Any]
 # bytes (value, reducing, aggregating), a list of element bytes (list), a list of (user key
 # bytes, value bytes) pairs (map). See asyncstate/checkpoint/snapshot.py.
 
-_hash32 = mmh3.hash  # keygroups.key_group_of_bytes, inlined in the snapshot loop
 _state_name = operator.itemgetter(0)
 _unpackb = msgpack.unpackb
 # First bytes of msgpack containers and ext types: values kept packed on restore (as
@@ -92,8 +91,8 @@ def _checked_packed(data: bytes) -> Packed:
 
 
 def _checked_user_key(data: object) -> Any:
-    """Restored map user key bytes, kept encoded once they are known to decode. (Typed as
-    object, so that the compiled build raises check_key_bytes' error, not its own.)"""
+    """Restored map user key bytes, kept encoded once they are known to decode."""
+    # compiled: typed as object (the compiled build raises check_key_bytes' error, not its own).
     check_key_bytes(data)
     return data
 
@@ -215,13 +214,12 @@ class HeapBackend:
         buckets: list[list[bytes]] = [[] for _ in range(n)]
         # A Packer per call: packers are not shared between threads.
         packb = msgpack.Packer(use_bin_type=True).pack
-        hash32 = _hash32
         for name in sorted(self._tables):
             kind = self._kinds[name]
             encode = _ENCODE_CONTAINER.get(kind)
             for k, stored in self._tables[name].items():
                 key_bytes, ns = k if isinstance(k, tuple) else (k, NONE_BYTES)
-                i = hash32(key_bytes, 0, False) % max_parallelism - start
+                i = key_group_of_bytes(key_bytes, max_parallelism) - start
                 if not 0 <= i < n:
                     if strict:
                         raise KeyGroupError(
@@ -278,7 +276,7 @@ class HeapBackend:
         self._chunk = binding.iterator_chunk_size
 
     def register_state(self, name: object, kind: object) -> Table:
-        # Typed as object, so that the compiled build raises these errors, not its own.
+        # compiled: typed as object (the compiled build raises these errors, not its own).
         name, kind = check_backend_state(name, kind)
         known = self._kinds.get(name)
         if known is None:

@@ -9,9 +9,9 @@ bytes (value, reducing, aggregating state), a list of element bytes (list state)
 an unknown tag fails the restore rather than being dropped silently. Sections let state
 entries go from the decoder to the backend without being copied.
 
-A backend taking part implements `SnapshotBackend`; a backend that can group all of its
-entries by key group in one pass also offers ``snapshot_key_groups(range, max_parallelism)``,
-which `write_snapshot` then prefers (the heap backend does).
+A backend taking part implements `asyncstate.backends.base.SnapshotBackend`; a
+`GroupedSnapshotBackend` encodes all of its entries by key group in one pass, which
+`write_snapshot` then prefers (the heap backend does).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import gc
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any
 
 import msgpack
 
+from asyncstate.backends.base import GroupedSnapshotBackend, RestorableBackend, SnapshotBackend
 from asyncstate.checkpoint.layout import PartManifest
 from asyncstate.checkpoint.reader import Checkpoint
 from asyncstate.checkpoint.writer import PackedRecords, write_part
@@ -40,9 +41,7 @@ from asyncstate.runtime.requests import StateKind
 
 __all__ = [
     "SECTION_STATE_ENTRIES",
-    "SnapshotBackend",
     "check_restorable",
-    "checkpoint_store",
     "restore_snapshot",
     "write_snapshot",
 ]
@@ -55,43 +54,6 @@ SectionSource = Callable[[int], Iterable[tuple[int, Sequence[Any]]]]
 """``extra_sections(key_group)`` → ``(tag, records)`` pairs to write after the state entries."""
 SectionHandler = Callable[[int, list[Any]], None]
 """``handler(key_group, records)`` restores one section of its tag."""
-
-
-@runtime_checkable
-class SnapshotBackend(Protocol):
-    """What a backend offers checkpoints (see the module docstring for the entry format)."""
-
-    def registered_states(self) -> dict[str, StateKind]:
-        """Every registered state and its kind."""
-
-    def register_state(self, name: str, kind: StateKind) -> Any:
-        """Declare a state (the restore declares every state of the checkpoint)."""
-
-    def snapshot_key_group(self, key_group: int) -> Iterable[Sequence[Any]]:
-        """The state entries of one key group."""
-
-    def restore_key_group(self, key_group: int, entries: Iterable[Sequence[Any]]) -> None:
-        """Store the state entries of one key group."""
-
-
-def checkpoint_store(backend: object, path: str) -> SnapshotBackend:
-    """The backend that holds `backend`'s state for checkpoints: `backend` itself, or what
-    its ``checkpoint_backend`` attribute names (a wrapper such as SimulatedRemoteBackend
-    names the backend it wraps). Raises CheckpointError, naming the checkpoint at `path`, for
-    a backend that cannot take part in checkpoints."""
-    store = backend
-    for _ in range(16):  # wrappers of wrappers, never a cycle
-        inner = getattr(store, "checkpoint_backend", None)
-        if inner is None:
-            break
-        store = inner
-    missing = [m for m in ("registered_states", "register_state", "snapshot_key_group",
-                           "restore_key_group") if not callable(getattr(store, m, None))]
-    if missing:
-        raise CheckpointError(
-            f"{type(backend).__name__} cannot take part in checkpoint {path!r}: it has no "
-            f"{', '.join(missing)} (see SnapshotBackend)", path=path)
-    return cast(SnapshotBackend, store)
 
 
 @contextlib.contextmanager
@@ -113,13 +75,12 @@ def _packed_key_groups(backend: SnapshotBackend, kg_range: KeyGroupRange,
                        ) -> Iterator[tuple[int, PackedRecords]]:
     """Each non-empty key group's sections, encoded."""
     pack = msgpack.Packer(use_bin_type=True).pack
-    grouped = getattr(backend, "snapshot_key_groups", None)
-    if grouped is not None:
+    if isinstance(backend, GroupedSnapshotBackend):
         # Fast path: the backend encodes entries in one pass over its storage.
-        encoded: dict[int, tuple[int, bytes]] = grouped(kg_range, max_parallelism)
+        encoded = backend.snapshot_key_groups(kg_range, max_parallelism)
     else:
-        outside = getattr(backend, "key_group_outside", None)
-        found = outside(kg_range) if outside is not None else None
+        found = backend.key_group_outside(kg_range) \
+            if isinstance(backend, RestorableBackend) else None
         if found is not None:  # the grouped path refuses such entries the same way
             name, kg = found
             raise KeyGroupError(

@@ -38,12 +38,12 @@ class TimeoutScheduler(Protocol):
 class StateRequestBuffer:
     """Active FIFO, blocking per-key FIFOs (with priorities) and the timeout generation."""
 
-    __slots__ = ("_blocking", "_blocking_size", "_handle", "_on_timeout", "_scheduled_seq",
-                 "_scheduler", "_timeout_on", "_timeout_s", "active", "current_seq")
+    __slots__ = ("_active", "_blocking", "_blocking_size", "_handle", "_on_timeout",
+                 "_scheduled_seq", "_scheduler", "_timeout_on", "_timeout_s", "current_seq")
 
     def __init__(self, buffer_timeout_ms: int, on_timeout: Callable[[int], None],
                  scheduler: TimeoutScheduler | None) -> None:
-        self.active: deque[StateRequest] = deque()
+        self._active: deque[StateRequest] = deque()
         self._blocking: dict[bytes, deque[StateRequest]] = {}
         self._blocking_size = 0
         self.current_seq = 0
@@ -57,22 +57,19 @@ class StateRequestBuffer:
         self._handle: TimeoutHandle | None = None
 
     def __repr__(self) -> str:
-        return (f"<StateRequestBuffer active={len(self.active)} blocking={self._blocking_size} "
+        return (f"<StateRequestBuffer active={len(self._active)} blocking={self._blocking_size} "
                 f"blocked_keys={len(self._blocking)} seq={self.current_seq}>")
 
     # -- active queue ------------------------------------------------------------------------
 
-    def enqueue_to_active(self, request: StateRequest) -> None:
-        """Append a request whose record holds its key; arm the timeout for this generation."""
-        self.active.append(request)
+    def enqueue_to_active(self, request: StateRequest) -> int:
+        """Append a request whose record holds its key; arm the timeout for this generation
+        (unless armed already). Returns the number of active requests."""
+        active = self._active
+        active.append(request)
         if self._timeout_on and self._scheduled_seq < self.current_seq:
             self._arm()
-
-    def arm_timeout(self) -> None:
-        """Arm the timeout for the current generation, unless armed already (the controller
-        calls this after appending to `active` itself on its hot path)."""
-        if self._timeout_on and self._scheduled_seq < self.current_seq:
-            self._arm()
+        return len(active)
 
     def _arm(self) -> None:
         scheduler = self._scheduler if self._scheduler is not None else _get_running_loop()
@@ -90,7 +87,7 @@ class StateRequestBuffer:
 
     def pop_active(self, n: int) -> list[StateRequest]:
         """Remove and return up to `n` active requests, oldest first."""
-        active = self.active
+        active = self._active
         if len(active) <= n:
             batch = list(active)
             active.clear()
@@ -101,7 +98,7 @@ class StateRequestBuffer:
     def advance_seq(self) -> None:
         """Start a new batch generation (after a batch was sent)."""
         self.current_seq += 1
-        if self.active and self._timeout_on:
+        if self._active and self._timeout_on:
             self._arm()  # leftovers get a deadline of their own
 
     # -- blocking queues ---------------------------------------------------------------------
@@ -126,18 +123,6 @@ class StateRequestBuffer:
                     queue.append(request)
         self._blocking_size += 1
 
-    def unblock_one_by_key(self, key: bytes) -> StateRequest | None:
-        """Remove and return the first blocked request of `key`, or None."""
-        queue = self._blocking.get(key)
-        if queue is None:
-            return None
-        request = queue.popleft()
-        if not queue:
-            del self._blocking[key]
-        self._blocking_size -= 1
-        request.context.blocked -= 1
-        return request
-
     def unblock_all_of(self, key: bytes, context: Any) -> list[StateRequest]:
         """Remove and return every blocked request of `key` issued by `context`, in order
         (other contexts' requests keep their order)."""
@@ -159,6 +144,12 @@ class StateRequestBuffer:
         context.blocked -= len(mine)
         return mine
 
+    def drain_active(self) -> list[StateRequest]:
+        """Remove and return every active request (closing)."""
+        requests = list(self._active)
+        self._active.clear()
+        return requests
+
     def drain_blocked(self) -> list[StateRequest]:
         """Remove and return every blocked request (closing)."""
         requests = [r for queue in self._blocking.values() for r in queue]
@@ -176,7 +167,7 @@ class StateRequestBuffer:
     @property
     def active_size(self) -> int:
         """Requests in the active queue."""
-        return len(self.active)
+        return len(self._active)
 
     @property
     def blocking_size(self) -> int:

@@ -28,7 +28,7 @@ R = TypeVar("R")
 _CURRENT: Final[contextvars.ContextVar[RecordContext | None]] = contextvars.ContextVar(
     "asyncstate_current_record", default=None)
 
-current_context: Final = _CURRENT.get
+current_context: Final = _CURRENT.get  # compiled: Final alias
 """The RecordContext of the record whose code is running, or None."""
 
 
@@ -51,7 +51,8 @@ class RecordContext:
 
     def __init__(self, record: Any, key: Any, key_bytes: bytes, key_group: int,
                  disposer: Callable[[RecordContext], None] | None,
-                 timestamp: int | None = None, priority: int = 0) -> None:
+                 timestamp: int | None = None, priority: int = 0, *,
+                 operator: Any = None) -> None:
         self.record = record
         self.key = key
         self.key_bytes = key_bytes
@@ -76,7 +77,7 @@ class RecordContext:
         self.time_domain: Any = None
         self.priority = priority
         self._disposer = disposer
-        self._owner: Any = None
+        self._owner = operator
 
     def __repr__(self) -> str:
         return (f"<RecordContext key={self.key!r} key_group={self.key_group} "
@@ -133,6 +134,11 @@ class RecordContext:
         return None
 
     # -- the user-facing per-record context ----------------------------------------------
+
+    @property
+    def operator(self) -> Any:
+        """The operator running this record (None for a context built by a bare controller)."""
+        return self._owner
 
     def _check(self) -> Any:
         if self.finished:

@@ -27,10 +27,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from asyncstate.backends.base import ExecutorBinding, StateExecutor
+from asyncstate.backends.base import ExecutorBinding, ImmediateExecutor, StateExecutor
 from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
 from asyncstate.errors import InvalidStateError
-from asyncstate.keygroups import key_group_of_bytes
 from asyncstate.log import get_logger
 from asyncstate.runtime.buffer import StateRequestBuffer, TimeoutScheduler
 from asyncstate.runtime.context import (
@@ -43,13 +42,12 @@ from asyncstate.runtime.epoch import EpochManager
 from asyncstate.runtime.future import _DONE, StateFuture, failed_future
 from asyncstate.runtime.key_accounting import KeyAccountingUnit
 from asyncstate.runtime.requests import StateRequest, StateRequestType
-from asyncstate.serde import NONE_BYTES, canonical_key
+from asyncstate.serde import NONE_BYTES, canonical_key, key_group_of_bytes
 
 __all__ = ["AsyncExecutionController"]
 
 
-# Final: compiled modules read these names without a dict lookup.
-_set_current: Final = _CURRENT.set
+_set_current: Final = _CURRENT.set  # compiled: Final alias
 
 
 def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> Any:
@@ -57,13 +55,14 @@ def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> A
     return run(ctx)
 
 
-_ENTER_AND_RUN: Final = _enter_and_run  # passed as a value on the hot path (see above)
+# compiled: Final alias (passed as a value on the hot path)
+_ENTER_AND_RUN: Final = _enter_and_run
 
 log = get_logger("asyncstate.controller")
 
-_SYNC_POINT: Final = StateRequestType.SYNC_POINT
-_current_task: Final = asyncio.current_task
-_get_running_loop: Final = asyncio._get_running_loop
+_SYNC_POINT: Final = StateRequestType.SYNC_POINT  # compiled: Final alias
+_current_task: Final = asyncio.current_task  # compiled: Final alias
+_get_running_loop: Final = asyncio._get_running_loop  # compiled: Final alias
 
 
 class AsyncExecutionController:
@@ -82,16 +81,14 @@ class AsyncExecutionController:
         loop = _get_running_loop()
         self._loop = loop
         self._executor = executor
-        self._immediate: Callable[..., Any] | None = (
-            getattr(executor, "execute_one", None)
-            if getattr(executor, "completes_at_issue", False) else None)
-        self._immediate_ops: list[Any] | None = (
-            getattr(executor, "immediate_ops", None) if self._immediate is not None else None)
+        # Checked once: an immediate executor completes requests at issue time.
+        immediate = executor if isinstance(executor, ImmediateExecutor) \
+            and executor.completes_at_issue else None
+        self._immediate = immediate
+        self._immediate_ops = immediate.immediate_ops if immediate is not None else None
         self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
-        self._holders = self._kau._holders  # start_record's fast path reads the map directly
-        self._active = self._buffer.active
         self._epochs = EpochManager()
         self._in_flight = 0
         self._parked: dict[RecordContext, list[StateRequest]] = {}
@@ -138,7 +135,7 @@ class AsyncExecutionController:
             key_bytes = canonical_key(key)
         if key_group is None:
             key_group = key_group_of_bytes(key_bytes, self.max_parallelism)
-        ctx = RecordContext(record, key, key_bytes, key_group, self._dispose, timestamp,
+        ctx = RecordContext(record, key, key_bytes, key_group, self.dispose_context, timestamp,
                             priority)
         ctx_vars = base_vars.copy() if base_vars is not None else contextvars.copy_context()
         ctx_vars.run(set_current_context, ctx)
@@ -223,20 +220,8 @@ class AsyncExecutionController:
         """
         if not ctx.in_flight and ctx.epoch is None and not self._parked and (
                 allow_overdraft or self._in_flight < self.max_in_flight):
-            # Hot path, inlined: _enter_flight, EpochManager.on_record, KeyAccountingUnit.occupy.
-            ctx.in_flight = True
-            epochs = self._epochs
-            epoch = epochs._finishing if epochs._finishing is not None else epochs.active_epoch
-            epoch.ongoing_record_count += 1
-            ctx.epoch = epoch
-            self._in_flight += 1
-            if self._in_flight > self.in_flight_peak:
-                self.in_flight_peak = self._in_flight
-            holders = self._holders
-            key = ctx.key_bytes
-            if key not in holders:
-                holders[key] = ctx
-                ctx.key_occupied = True
+            self._enter_flight(ctx)
+            if self._occupy(ctx):
                 ctx.ref_count += 1
                 ctx.entered = True
                 try:
@@ -247,7 +232,7 @@ class AsyncExecutionController:
                     ctx.entered = False
                     ctx.ref_count -= 1
                     if ctx.ref_count == 0:
-                        self._dispose(ctx)
+                        self.dispose_context(ctx)
                 return
         # The sync-point future holds a reference while its hook runs. It fails only when
         # the controller closes first: then the record never starts.
@@ -287,9 +272,9 @@ class AsyncExecutionController:
         ctx.in_flight = True
         if ctx.epoch is None:
             ctx.epoch = self._epochs.on_record()
-        self._in_flight += 1
-        if self._in_flight > self.in_flight_peak:
-            self.in_flight_peak = self._in_flight
+        in_flight = self._in_flight = self._in_flight + 1
+        if in_flight > self.in_flight_peak:
+            self.in_flight_peak = in_flight
 
     def _occupy(self, ctx: RecordContext) -> bool:
         if self._kau.occupy(ctx, ctx.key_bytes):
@@ -319,16 +304,12 @@ class AsyncExecutionController:
         op = self._immediate_ops[request_type] if self._immediate_ops is not None else None
         if op is not None:
             return op(state.handle, key_bytes, ns, payload)
-        return self._immediate(state, request_type, payload,  # type: ignore[misc]
-                               key_bytes, ns)
+        assert self._immediate is not None  # only called for an immediate executor
+        return self._immediate.execute_one(state, request_type, payload, key_bytes, ns)
 
     def _enqueue_active(self, request: StateRequest) -> None:
         """Queue a request of a key-holding record; send a batch when it is full."""
-        active = self._active
-        active.append(request)
-        if len(active) == 1:
-            self._buffer.arm_timeout()
-        if len(active) >= self.batch_size:
+        if self._buffer.enqueue_to_active(request) >= self.batch_size:
             self._trigger()
         elif self._waiters and not self._running and not self._scheduled:
             # Issued outside the trampoline (from a record's Task) while someone waits for
@@ -339,8 +320,8 @@ class AsyncExecutionController:
 
     def trigger_if_needed(self, force: bool) -> bool:
         """Send a batch if the active queue reached batch_size (or, forced, if non-empty)."""
-        active = self._buffer.active
-        if not active or (not force and len(active) < self.batch_size):
+        size = self._buffer.active_size
+        if not size or (not force and size < self.batch_size):
             return False
         self._trigger()
         return True
@@ -373,8 +354,9 @@ class AsyncExecutionController:
     def _flush(self) -> None:
         # Send what waits, but while every I/O slot is busy keep a partial batch back: it
         # grows until a slot frees, and the delivery that frees it runs this again.
-        active = self._buffer.active
-        while active and (len(active) >= self.batch_size or not self._executor.fully_loaded()):
+        buffer = self._buffer
+        while buffer.active_size and (buffer.active_size >= self.batch_size
+                                      or not self._executor.fully_loaded()):
             self._trigger()
 
     def _on_buffer_timeout(self, seq: int) -> None:
@@ -405,7 +387,7 @@ class AsyncExecutionController:
         del self._in_executor[id(batch)]
         self.batches_in_executor -= 1
         escaped: BaseException | None = None
-        for i in range(len(batch)):  # lengths checked above; cheaper than zip compiled
+        for i in range(len(batch)):  # compiled: index loop (lengths checked above)
             try:
                 batch[i].future._complete(results[i])
             except BaseException as exc:  # noqa: BLE001 - raised below, after the rest
@@ -418,7 +400,10 @@ class AsyncExecutionController:
 
     # -- disposal --------------------------------------------------------------------------
 
-    def _dispose(self, ctx: RecordContext) -> None:
+    def dispose_context(self, ctx: RecordContext) -> None:
+        """A context's references reached zero while it held its key: the record is done.
+        Its key passes to the next blocked context, its epoch counts it done, and its
+        capacity frees up (Flink's disposeContext)."""
         ctx.key_occupied = False
         ctx.finished = True
         # The context and its contextvars copy refer to each other; breaking the cycle
@@ -434,23 +419,19 @@ class AsyncExecutionController:
         ctx.in_flight = False
         self.records_done += 1
         buffer = self._buffer
-        if buffer._blocking:
-            # Hand the key to the next blocked context now, so nobody can jump the queue,
-            # and run its work from the trampoline.
-            nxt = buffer.peek_blocked(key)
-            if nxt is not None:
-                # The next context takes the key with all its blocked requests, also those
-                # queued behind another context's (it may need them to finish at all).
-                holder = nxt.context
-                self._occupy(holder)
-                self.post(self._activate, buffer.unblock_all_of(key, holder))
+        # Hand the key to the next blocked context now, so nobody can jump the queue, and
+        # run its work from the trampoline. It takes the key with all its blocked requests,
+        # also those queued behind another context's (it may need them to finish at all).
+        nxt = buffer.peek_blocked(key)
+        if nxt is not None:
+            holder = nxt.context
+            self._occupy(holder)
+            self.post(self._activate, buffer.unblock_all_of(key, holder))
         if self._parked and self._in_flight < self.max_in_flight:
             self.post(self._admit_parked, None)
         epoch = ctx.epoch
         if epoch is not None:
-            epoch.ongoing_record_count -= 1
-            if epoch.ongoing_record_count == 0 and epoch is not self._epochs.active_epoch:
-                self._epochs.try_finish_in_queue()
+            self._epochs.complete_one_record(epoch)
         if not self._running and not self._scheduled:
             self._ensure_run()
 
@@ -596,8 +577,7 @@ class AsyncExecutionController:
         self._buffer.close()
         exc = self._failure if self._failure is not None else InvalidStateError(
             "the operator closed while this state request was outstanding")
-        requests: list[StateRequest] = list(self._buffer.active)
-        self._buffer.active.clear()
+        requests = self._buffer.drain_active()
         for batch in self._in_executor.values():
             requests.extend(batch)
         self._in_executor.clear()

@@ -13,7 +13,7 @@ import enum
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["Epoch", "EpochManager", "EpochStatus", "ParallelMode"]
+__all__ = ["Epoch", "EpochManager", "EpochStatus"]
 
 Action = Callable[[], None]
 
@@ -25,14 +25,6 @@ class EpochStatus(enum.Enum):
     CLOSED = "closed"
     FINISHING = "finishing"
     FINISHED = "finished"
-
-
-class ParallelMode(enum.Enum):
-    """SERIAL: a non-record event waits for all in-flight records; PARALLEL: it returns at
-    once and its actions run when its epoch finishes."""
-
-    SERIAL = "serial"
-    PARALLEL = "parallel"
 
 
 class Epoch:
@@ -85,11 +77,6 @@ class EpochManager:
     def on_record(self) -> Epoch:
         """Join a record to the finishing epoch (work spawned by its trigger) or the open one."""
         epoch = self._finishing if self._finishing is not None else self.active_epoch
-        epoch.ongoing_record_count += 1
-        return epoch
-
-    def on_epoch(self, epoch: Epoch) -> Epoch:
-        """Join derived work to a given epoch."""
         epoch.ongoing_record_count += 1
         return epoch
 

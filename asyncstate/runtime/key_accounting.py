@@ -35,10 +35,6 @@ class KeyAccountingUnit:
             raise InvalidStateError(
                 f"key {key!r} released by {holder!r} but held by {current!r}")
 
-    def holder(self, key: bytes) -> Any:
-        """The holder of `key`, or None."""
-        return self._holders.get(key)
-
     def occupied_count(self) -> int:
         """Number of keys held."""
         return len(self._holders)

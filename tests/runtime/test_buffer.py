@@ -27,6 +27,18 @@ def names(requests: list[StateRequest]) -> list[Any]:
     return [r.payload for r in requests]
 
 
+def unblock_in_order(buf: StateRequestBuffer, key: bytes) -> list[Any]:
+    """Hand `key` to its blocked contexts one after another, as disposal does; the payloads
+    in the order they were handed out."""
+    out: list[Any] = []
+    for _ in range(100):
+        first = buf.peek_blocked(key)
+        if first is None:
+            return out
+        out += names(buf.unblock_all_of(key, first.context))
+    raise AssertionError("the blocking queue never emptied")
+
+
 class Timeouts:
     def __init__(self) -> None:
         self.fired: list[int] = []
@@ -69,20 +81,24 @@ def test_pop_active_exactly_the_queue_length() -> None:
 
 def test_blocking_queues_are_per_key_and_fifo() -> None:
     buf, _, _ = make()
-    for name, key in [("x1", "x"), ("y1", "y"), ("x2", "x"), ("x3", "x"), ("y2", "y")]:
-        buf.enqueue_to_blocking(request(key, name))
+    reqs = {name: request(key, name)
+            for name, key in [("x1", "x"), ("y1", "y"), ("x2", "x"), ("x3", "x"), ("y2", "y")]}
+    for r in reqs.values():
+        buf.enqueue_to_blocking(r)
     assert buf.blocking_size == 5
     assert buf.blocking_key_num == 2
     kx, ky = canonical_key("x"), canonical_key("y")
     assert buf.peek_blocked(kx).payload == "x1"  # type: ignore[union-attr]
-    out = [buf.unblock_one_by_key(kx) for _ in range(3)]
-    assert names(out) == ["x1", "x2", "x3"]  # type: ignore[arg-type]
+    out = [r for name in ("x1", "x2", "x3")
+           for r in buf.unblock_all_of(kx, reqs[name].context)]
+    assert names(out) == ["x1", "x2", "x3"]
     assert buf.blocking_key_num == 1  # x's queue is gone once empty
     assert buf.blocking_size == 2
-    assert buf.unblock_one_by_key(kx) is None
+    assert buf.unblock_all_of(kx, reqs["x1"].context) == []
     assert buf.peek_blocked(kx) is None
-    assert buf.unblock_one_by_key(ky).payload == "y1"  # type: ignore[union-attr]
-    assert buf.unblock_one_by_key(ky).payload == "y2"  # type: ignore[union-attr]
+    assert buf.peek_blocked(ky).payload == "y1"  # type: ignore[union-attr]
+    assert names(buf.unblock_all_of(ky, reqs["y1"].context)) == ["y1"]
+    assert names(buf.unblock_all_of(ky, reqs["y2"].context)) == ["y2"]
     assert (buf.blocking_size, buf.blocking_key_num) == (0, 0)
 
 
@@ -94,7 +110,7 @@ def test_blocking_queue_priorities() -> None:
     for name, prio in arrivals:
         buf.enqueue_to_blocking(request("k", name, prio))
     k = canonical_key("k")
-    order = [buf.unblock_one_by_key(k).payload for _ in arrivals]  # type: ignore[union-attr]
+    order = unblock_in_order(buf, k)
     # higher priority first (inserted before the first strictly lower one), FIFO within a
     # priority; priority 0 always appends
     assert order == ["p2a", "p2b", "p1a", "p1b", "p0a", "p0b", "p0c"]
@@ -107,8 +123,7 @@ def test_priority_request_goes_before_lower_but_after_equal() -> None:
     buf.enqueue_to_blocking(request("k", "mid", 2))
     buf.enqueue_to_blocking(request("k", "high2", 3))
     k = canonical_key("k")
-    assert [buf.unblock_one_by_key(k).payload for _ in range(4)] == [  # type: ignore[union-attr]
-        "high", "high2", "mid", "low"]
+    assert unblock_in_order(buf, k) == ["high", "high2", "mid", "low"]
 
 
 # -- timeout and sequence numbers -------------------------------------------------------------

@@ -133,20 +133,6 @@ def test_later_epoch_waits_for_work_spawned_by_an_earlier_trigger() -> None:
     assert order == ["N0.t", "N0.f", "N1.t", "N1.f"]
 
 
-def test_on_epoch_joins_a_given_epoch() -> None:
-    manager = EpochManager()
-    fired: list[str] = []
-    a = manager.on_record()
-    manager.on_non_record(None, lambda: fired.append("N0"))
-    derived = manager.on_epoch(a)  # derived work inherits its parent's (closed) epoch
-    assert derived is a
-    assert a.ongoing_record_count == 2
-    manager.complete_one_record(a)
-    assert fired == []
-    manager.complete_one_record(derived)
-    assert fired == ["N0"]
-
-
 def test_actions_may_close_another_epoch_without_reentering() -> None:
     manager = EpochManager()
     order: list[str] = []

@@ -22,13 +22,12 @@ def test_flink_scenario_24_occupy_and_release() -> None:
     assert kau.occupy(record2, K2)
     assert kau.occupied_count() == 2
     kau.release(record1, K1)
-    assert kau.holder(K1) is None
+    assert kau.occupied_count() == 1
     assert kau.occupy(record2, K1)
-    assert kau.holder(K1) is record2
+    assert not kau.occupy(record1, K1)  # record2 holds it now
     with pytest.raises(ast.InvalidStateError, match="released by"):
         kau.release(record1, K1)
     # derived: the wrong-holder release frees the key before raising
-    assert kau.holder(K1) is None
     assert kau.occupied_count() == 1
     assert kau.occupy(record1, K1)
 

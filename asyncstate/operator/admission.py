@@ -1,0 +1,110 @@
+"""AdmissionGate: back-pressure in front of the inbox.
+
+A record is admitted while fewer than `max_in_flight` records are waiting in the inbox or in
+flight, and while no snapshot holds the gate; otherwise the producer waits. `process()` and
+`run()` pass every record through the same gate. The gate counts what it admitted, the peak
+of records waiting or in flight, and the time producers waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from asyncstate.operator.inbox import Inbox
+from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.controller import AsyncExecutionController
+
+__all__ = ["AdmissionGate"]
+
+
+class AdmissionGate:
+    """Admits records into an inbox, at most `limit` waiting or in flight (see module doc).
+
+    `ready()` is called after a wait for a snapshot: it raises when the operator may no
+    longer take records (it failed or closed meanwhile).
+    """
+
+    __slots__ = ("_controller", "_holds", "_inbox", "_limit", "_ready", "_released",
+                 "blocked_seconds", "peak", "records_in")
+
+    def __init__(self, controller: AsyncExecutionController, inbox: Inbox, limit: int,
+                 ready: Callable[[], object]) -> None:
+        self._controller = controller
+        self._inbox = inbox
+        self._limit = limit
+        self._ready = ready
+        self._holds = 0
+        self._released: list[asyncio.Future[None]] = []
+        self.records_in = 0
+        self.peak = 0
+        self.blocked_seconds = 0.0
+
+    def __repr__(self) -> str:
+        return (f"<AdmissionGate in_flight={self.in_flight}/{self._limit} "
+                f"holds={self._holds}>")
+
+    @property
+    def in_flight(self) -> int:
+        """Records admitted and not finished: waiting in the inbox or in flight."""
+        return self._inbox.queued + self._controller.in_flight_record_num
+
+    def try_admit(self, ctx: RecordContext) -> bool:
+        """Admit `ctx` now if there is room; False (nothing done) otherwise."""
+        if self._holds or self._inbox.queued + self._controller.in_flight_record_num \
+                >= self._limit:
+            return False
+        self._admit(ctx)
+        return True
+
+    async def admit(self, ctx: RecordContext, *, overdraft: bool = False) -> None:
+        """Admit `ctx`, waiting while there is no room. With `overdraft` it is admitted at
+        once, beyond the limit and past a snapshot (a record of this operator feeding it:
+        waiting could wait for that record itself)."""
+        # A loop: producers woken together re-check, so only as many as fit are admitted,
+        # and none while a snapshot is under way (one may start while this one waits).
+        while not overdraft and not self.try_admit(ctx):
+            started = time.perf_counter()
+            try:
+                if self._holds:
+                    await self._wait_released()
+                    self._ready()
+                else:
+                    await self._controller.wait_until(self._has_room)
+            finally:
+                self.blocked_seconds += time.perf_counter() - started
+        if overdraft:
+            self._admit(ctx)
+
+    def _has_room(self) -> bool:
+        return self._inbox.queued + self._controller.in_flight_record_num < self._limit
+
+    def _admit(self, ctx: RecordContext) -> None:
+        self.records_in += 1
+        inbox = self._inbox
+        inbox.post_record(ctx)
+        in_flight = inbox.queued + self._controller.in_flight_record_num
+        if in_flight > self.peak:
+            self.peak = in_flight
+
+    # -- holding the gate (snapshots) -----------------------------------------------------
+
+    def hold(self) -> None:
+        """Admit nothing until every hold is released."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """Release one hold; the last one wakes the waiting producers."""
+        self._holds -= 1
+        if not self._holds:
+            waiting, self._released = self._released, []
+            for fut in waiting:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _wait_released(self) -> None:
+        while self._holds:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._released.append(fut)
+            await fut

@@ -1,0 +1,53 @@
+"""Restore and snapshot of one operator's part of a checkpoint.
+
+Restore checks everything it can before any state moves (the checkpoint is complete, its
+operator state and the key groups this instance restores are intact), so a refused restore
+leaves a backend's directory as it was; a `RestorableBackend` is marked while the restore
+runs, so one failing midway leaves the directory refused rather than half restored.
+A snapshot writes the backend's key groups of this instance plus the operator state; the
+caller drains first, so no record is half done in it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncstate.backends.base import BackendCapabilities
+from asyncstate.checkpoint.operator_state import RestoredExtras, read_operator_extras
+from asyncstate.checkpoint.reader import open_checkpoint
+from asyncstate.checkpoint.snapshot import check_restorable, restore_snapshot, write_snapshot
+from asyncstate.keygroups import KeyGroupRange
+
+__all__ = ["restore", "write"]
+
+
+def restore(capabilities: BackendCapabilities, path: str, key_groups: KeyGroupRange,
+            max_parallelism: int) -> RestoredExtras:
+    """Restore `key_groups` of the checkpoint at `path` into the backend; returns what the
+    runtime context needs of the checkpoint (operator state, state kinds)."""
+    checkpoint = open_checkpoint(path)  # checks the parts cover every key group
+    extras = read_operator_extras(checkpoint)  # checked before any state moves
+    check_restorable(checkpoint, key_groups, max_parallelism)
+    store = capabilities.checkpoint_store(checkpoint.path)
+    restorable = capabilities.restorable
+    if restorable is not None:
+        restorable.mark_restoring(True)  # a restore failing from here leaves it refused
+        restorable.discard_state()  # a directory used before: the checkpoint replaces it
+    restore_snapshot(store, checkpoint, key_groups, max_parallelism)
+    if restorable is not None:
+        restorable.set_list_sequence(extras.list_sequence)
+        restorable.mark_restoring(False)
+    return extras
+
+
+def write(capabilities: BackendCapabilities, path: str, *, parallelism: int,
+          operator_index: int, max_parallelism: int,
+          operator_state: dict[str, dict[str, Any]]) -> None:
+    """Write and commit this operator's part of the checkpoint at `path` (no record may be
+    in flight)."""
+    store = capabilities.checkpoint_store(path)
+    extra: dict[str, Any] = {"operator_state": operator_state}
+    if capabilities.restorable is not None:
+        extra["list_sequence"] = capabilities.restorable.list_sequence()
+    write_snapshot(store, path, parallelism=parallelism, operator_index=operator_index,
+                   max_parallelism=max_parallelism, extra=extra)

@@ -1,0 +1,327 @@
+"""KeyedOperator: one instance of a keyed operator, its lifecycle and the wiring of its parts.
+
+Entering `async with op:` builds the parts around a controller (see the package docstring),
+restores the operator's key groups when asked to, and opens the function. Records pass the
+admission gate into the inbox, start from the controller's trampoline once their key is free,
+and run through the record runner; watermarks and processing time advance through the same
+inbox; snapshots hold the gate, drain and write this operator's part of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+from asyncstate.backends.base import BackendCapabilities, StateExecutor
+from asyncstate.checkpoint.layout import checkpoint_path
+from asyncstate.clock import Clock, SystemClock
+from asyncstate.config import AsyncStateConfig
+from asyncstate.errors import InvalidStateError
+from asyncstate.function import KeyedProcessFunction, RuntimeContext
+from asyncstate.keygroups import compute_key_group_range_for_operator_index
+from asyncstate.log import get_logger
+from asyncstate.operator import arguments, checkpointing, functions
+from asyncstate.operator.admission import AdmissionGate
+from asyncstate.operator.inbox import Inbox
+from asyncstate.operator.metrics import operator_metrics
+from asyncstate.operator.progress import MIN_WATERMARK, TimeProgress
+from asyncstate.operator.records import RecordRunner
+from asyncstate.runtime import gc_threshold
+from asyncstate.runtime.context import RecordContext, current_context
+from asyncstate.runtime.controller import AsyncExecutionController
+from asyncstate.runtime.driver import UserCodeDriver, needs_task
+
+__all__ = ["KeyedOperator"]
+
+log = get_logger("asyncstate.operator")
+
+_P = TypeVar("_P")
+# How long closing waits for cancelled record Tasks to finish.
+_RECORD_TASKS_GRACE_S: Final = 1.0
+
+
+class KeyedOperator:
+    """Runs a KeyedProcessFunction on one operator instance; use as `async with op:`."""
+
+    def __init__(self, function: KeyedProcessFunction, *, key_selector: Callable[[Any], Any],
+                 backend: StateExecutor, config: AsyncStateConfig | None = None,
+                 clock: Clock | None = None,
+                 timestamp_selector: Callable[[Any], int | None] | None = None,
+                 parallelism: int = 1, operator_index: int = 0,
+                 restore_from: str | os.PathLike[str] | None = None) -> None:
+        arguments.check_function(function)
+        arguments.check_selector("key_selector", key_selector)
+        arguments.check_selector("timestamp_selector", timestamp_selector, optional=True)
+        self.backend = arguments.check_backend(backend)
+        arguments.check_clock(clock)
+        self.restore_from = arguments.check_restore_from(restore_from)
+        self.config = config = arguments.check_config(config)
+        self.key_group_range = compute_key_group_range_for_operator_index(
+            config.max_parallelism, parallelism, operator_index)
+        self.parallelism = parallelism
+        self.operator_index = operator_index
+        self.function = function
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._key_selector = key_selector
+        self._timestamp_selector = timestamp_selector
+        self._state = "new"  # new -> opening -> open -> closed
+        self._function_opened = False
+        self._gc_threshold: int | None = None  # the GC threshold held while open
+        self._outputs: list[Any] = []
+        # The parts, built when the operator starts (they need the running loop).
+        self._controller: AsyncExecutionController | None = None
+        self._capabilities: BackendCapabilities | None = None
+        self._driver: UserCodeDriver | None = None
+        self._records: RecordRunner | None = None
+        self._gate: AdmissionGate | None = None
+        self._progress: TimeProgress | None = None
+
+    def __repr__(self) -> str:
+        return (f"<KeyedOperator {type(self.function).__name__} {self._state} "
+                f"index={self.operator_index}/{self.parallelism} "
+                f"key_groups={self.key_group_range.start}..{self.key_group_range.end} "
+                f"controller={self._controller!r}>")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        """Build the parts around a new controller on the running loop."""
+        config = self.config
+        controller = self._controller = AsyncExecutionController(
+            self.backend, batch_size=config.batch_size,
+            buffer_timeout_ms=config.buffer_timeout_ms, max_in_flight=config.max_in_flight,
+            max_parallelism=config.max_parallelism,
+            iterator_chunk_size=config.iterator_chunk_size)
+        self._capabilities = BackendCapabilities.of(self.backend)
+        process_element = self.function.process_element
+        always_task = getattr(self.function, "needs_task", None)  # a duck-typed function too
+        self._driver = UserCodeDriver(
+            asyncio.get_running_loop(), controller.fail,
+            needs_task(process_element) if always_task is None else always_task)
+        self._records = RecordRunner(
+            self, process_element, self._key_selector, self._timestamp_selector, controller,
+            self._driver, self.key_group_range, config.max_parallelism, self.parallelism,
+            self.operator_index)
+        inbox = Inbox(controller, contextvars.copy_context(), self._records.run)
+        self._gate = AdmissionGate(controller, inbox, config.max_in_flight, self._ready)
+        # Timers plug in here: `self._progress.timers` fires them as time advances.
+        self._progress = TimeProgress(controller, inbox, self.clock)
+
+    async def __aenter__(self) -> KeyedOperator:
+        if self._state != "new":
+            raise InvalidStateError(f"{self!r} was already started; create a new operator")
+        self._wire()
+        assert self._capabilities is not None and self._controller is not None
+        self._state = "opening"  # records and snapshots are refused until open() is done
+        self._gc_threshold = self.config.resolved_gc_threshold()
+        if self._gc_threshold is not None:
+            gc_threshold.hold(self._gc_threshold)
+        try:
+            functions.bind(self.function, self)  # before anything is restored
+            restored = None if self.restore_from is None else checkpointing.restore(
+                self._capabilities, self.restore_from, self.key_group_range,
+                self.config.max_parallelism)
+            self.runtime_context = RuntimeContext(
+                self._controller, self.backend, parallelism=self.parallelism,
+                operator_index=self.operator_index, restored=restored)
+            self._function_opened = True  # a failing open() still gets its close(), as in Flink
+            opener = getattr(self.function, "open", None)
+            if opener is not None:
+                await functions.settle(opener(self.runtime_context))
+        except BaseException as exc:
+            await self._close_after(exc)
+            raise
+        self._state = "open"
+        log.debug("operator.open", function=type(self.function).__name__,
+                  index=self.operator_index, parallelism=self.parallelism)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        primary: BaseException | None = exc
+        if exc is None:
+            try:
+                await self.drain()
+            except BaseException as drain_exc:  # noqa: BLE001 - the run failure or a cancel
+                primary = drain_exc
+        if primary is None and self._controller is not None:
+            primary = self._controller.failure
+        if primary is None:
+            await self._close()  # a clean exit: a failing close() is the error
+            return
+        await self._close_after(primary)
+        if exc is None:
+            raise primary
+
+    async def _close_after(self, primary: BaseException) -> None:
+        """Close while `primary` is the error being raised: a failure of the function's
+        close() (or the backend's) is logged and noted on `primary`, never raised instead."""
+        try:
+            await self._close()
+        except Exception as exc:  # noqa: BLE001 - reported on the primary error
+            log.warning("operator.close_failed", error=repr(exc), while_raising=repr(primary))
+            primary.add_note(f"closing the operator after this error failed too: {exc!r}")
+
+    async def _close(self) -> None:
+        """Fail what is outstanding, cancel record Tasks (their `finally` blocks run first),
+        then close the function (if its open() ran) and the backend."""
+        if self._state == "closed":
+            return
+        opened, self._state = self._state != "new", "closed"
+        if opened:
+            assert self._controller is not None and self._driver is not None
+            self._controller.close()
+            await self._driver.cancel_and_wait(_RECORD_TASKS_GRACE_S)
+        closed: Any = None
+        try:
+            functions.unbind(self.function, self)
+            if self._function_opened:
+                self._function_opened = False
+                closer = getattr(self.function, "close", None)
+                if closer is not None:
+                    closed = closer()
+        finally:
+            if opened and self._gc_threshold is not None:
+                gc_threshold.release(self._gc_threshold)
+            self.backend.close()
+        await functions.settle(closed)
+
+    def _ready(self) -> AsyncExecutionController:
+        """The controller, if the operator takes calls now; else the reason it does not."""
+        controller = self._controller
+        if controller is None or self._state != "open":
+            if self._state == "opening":
+                raise InvalidStateError(
+                    f"{self!r} is still opening (restoring, or in the function's open()); "
+                    "use it once `async with operator:` has entered")
+            raise InvalidStateError(
+                f"{self!r} is not running; use it inside `async with operator:`")
+        if controller.failure is not None:
+            raise controller.failure
+        return controller
+
+    def _own_record(self) -> RecordContext | None:
+        """The record of this operator whose code is running, if any."""
+        ctx = current_context()
+        return ctx if ctx is not None and ctx.operator is self and not ctx.finished else None
+
+    def _ready_to_wait(self, call: str) -> AsyncExecutionController:
+        """`_ready()`, for a call that waits for records to finish: from inside one of this
+        operator's records it would wait for that record itself, so it raises instead."""
+        controller = self._ready()
+        ctx = self._own_record()
+        if ctx is not None:
+            raise InvalidStateError(
+                f"{call} called from inside a record of this operator (key {ctx.key!r}): it "
+                "waits for every earlier record to finish, this one included, so it would "
+                "never return; call it from the code that feeds the operator")
+        return controller
+
+    # -- records ---------------------------------------------------------------------------
+
+    async def process(self, record: Any) -> None:
+        """Admit one record, waiting while `max_in_flight` records are in flight.
+
+        Returns once the record is admitted, not once it is processed. Called from inside
+        one of this operator's records, it admits at once, even beyond `max_in_flight`:
+        waiting there could wait for the calling record itself.
+        """
+        self._ready()
+        gate = self._gate
+        assert self._records is not None and gate is not None
+        ctx = self._records.prepare(record)
+        if not gate.try_admit(ctx):
+            await gate.admit(ctx, overdraft=self._own_record() is not None)
+
+    def emit(self, value: Any) -> None:
+        """Collect an emitted value (called through a record's ctx)."""
+        self._outputs.append(value)
+
+    def timer_service_for(self, ctx: RecordContext) -> Any:
+        """The timer service of `ctx`'s key (not part of this operator yet)."""
+        raise NotImplementedError("timers are not available in this version of asyncstate")
+
+    def outputs(self) -> list[Any]:
+        """Return and clear the values emitted so far, in emission order."""
+        out, self._outputs = self._outputs, []
+        return out
+
+    # -- progress --------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait until no record is in flight (partial batches are sent at once)."""
+        controller = self._ready_to_wait("drain()")
+        gate = self._gate
+        assert gate is not None
+        await controller.wait_until(lambda: gate.in_flight == 0)
+
+    async def advance_watermark(self, timestamp: int) -> None:
+        """Advance event time; returns after every earlier record has finished and every
+        timer it fired has completed."""
+        self._ready_to_wait("advance_watermark()")
+        await self._started(self._progress).advance_watermark(timestamp)
+
+    async def advance_processing_time(self, timestamp: int) -> None:
+        """Set the ManualClock to `timestamp`; returns after every earlier record finished
+        and every timer it fired has completed."""
+        self._ready_to_wait("advance_processing_time()")
+        await self._started(self._progress).advance_processing_time(timestamp)
+
+    def current_watermark(self) -> int:
+        """The current event-time watermark (-2**63 before the first)."""
+        return self._progress.watermark if self._progress is not None else MIN_WATERMARK
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: int) -> str:
+        """Drain, then write this operator's part of checkpoint `checkpoint_id` under
+        `directory`; returns the checkpoint's path (the same for every operator).
+
+        Records that other tasks feed meanwhile wait in `process()` until the part is
+        written, as records behind a checkpoint barrier do: the drain ends even under
+        steady input, and the part holds exactly the records admitted before the call."""
+        self._ready_to_wait("snapshot()")
+        path = checkpoint_path(directory, checkpoint_id)
+        assert self._capabilities is not None and self._gate is not None
+        self._capabilities.checkpoint_store(path)  # refused before anything waits
+        self._gate.hold()
+        try:
+            await self.drain()
+            # No await between the drain and the write: the part holds no half-done record.
+            checkpointing.write(
+                self._capabilities, path, parallelism=self.parallelism,
+                operator_index=self.operator_index,
+                max_parallelism=self.config.max_parallelism,
+                operator_state=self.runtime_context.operator_state_snapshot())
+        finally:
+            self._gate.release()
+        return path
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Counters of this operator (see docs/api.md)."""
+        return operator_metrics(self._controller, self._gate)
+
+    def _started(self, part: _P | None) -> _P:
+        if part is None:
+            raise InvalidStateError(f"{self!r} has not been started")
+        return part
+
+    @property
+    def controller(self) -> AsyncExecutionController:
+        """The operator's controller (while running)."""
+        return self._started(self._controller)
+
+    @property
+    def admission(self) -> AdmissionGate:
+        """The operator's admission gate (while running)."""
+        return self._started(self._gate)
+
+    @property
+    def records(self) -> RecordRunner:
+        """The operator's record runner (while running)."""
+        return self._started(self._records)

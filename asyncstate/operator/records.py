@@ -1,0 +1,91 @@
+"""RecordRunner: from an input record to a record context, and the user function run on it.
+
+`prepare` selects the key and timestamp and checks that the key's group belongs to the
+operator, before the record is admitted; `run` calls `process_element` inside the record's
+context once the controller has started it (the record holds its key), and hands what it
+returned (a StateFuture or a coroutine) to the user-code driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asyncstate.errors import KeyGroupError
+from asyncstate.keygroups import KeyGroupRange
+from asyncstate.operator.arguments import check_timestamp
+from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.controller import AsyncExecutionController
+from asyncstate.runtime.driver import UserCodeDriver
+from asyncstate.runtime.future import _DONE, StateFuture
+from asyncstate.serde import canonical_key, key_group_of_bytes
+
+__all__ = ["RecordRunner"]
+
+
+class RecordRunner:
+    """Prepares and runs the records of one operator (`operator` is what `ctx.emit` and
+    `ctx.timer_service` reach)."""
+
+    __slots__ = ("_controller", "_driver", "_key_selector", "_kg_end", "_kg_start",
+                 "_max_parallelism", "_operator", "_parallelism", "_index", "_process_element",
+                 "_timestamp_selector", "run")
+
+    def __init__(self, operator: Any, process_element: Callable[[Any, Any], Any],
+                 key_selector: Callable[[Any], Any],
+                 timestamp_selector: Callable[[Any], object] | None,
+                 controller: AsyncExecutionController, driver: UserCodeDriver,
+                 key_groups: KeyGroupRange, max_parallelism: int, parallelism: int,
+                 index: int) -> None:
+        self._operator = operator
+        self._process_element = process_element
+        self._key_selector = key_selector
+        # compiled: typed as object (a compiled build would otherwise check the result against
+        # `int | None` itself, and turn a bool into an int, before `check_timestamp` runs).
+        self._timestamp_selector = timestamp_selector
+        self._controller = controller
+        self._driver = driver
+        self._kg_start = key_groups.start
+        self._kg_end = key_groups.end
+        self._max_parallelism = max_parallelism
+        self._parallelism = parallelism
+        self._index = index
+        self.run = self._run  # one bound method, not one per record
+
+    def prepare(self, record: Any) -> RecordContext:
+        """The record's context, not yet started; raises for a key of another operator or a
+        bad timestamp, before the record is admitted."""
+        key = self._key_selector(record)
+        key_bytes = canonical_key(key)
+        key_group = key_group_of_bytes(key_bytes, self._max_parallelism)
+        if not (self._kg_start <= key_group <= self._kg_end):
+            raise self._foreign_key(key, key_group)
+        ts: int | None = None
+        if self._timestamp_selector is not None:
+            selected = self._timestamp_selector(record)
+            if selected is not None:
+                ts = check_timestamp("timestamp", selected)
+        return RecordContext(record, key, key_bytes, key_group,
+                             self._controller.dispose_context, ts, operator=self._operator)
+
+    def _foreign_key(self, key: Any, key_group: int) -> KeyGroupError:
+        return KeyGroupError(
+            f"key {key!r} belongs to key group {key_group}, outside this operator's key "
+            f"groups {self._kg_start}..{self._kg_end} (operator {self._index} of "
+            f"{self._parallelism}); route records by key group before processing",
+            key_group=key_group)
+
+    def _run(self, ctx: RecordContext) -> None:
+        # Runs inside the record's contextvars context with a reference held on ctx.
+        try:
+            result = self._process_element(ctx.record, ctx)
+        except BaseException as exc:
+            # Any exception of a plain function (or a callback it ran), CancelledError
+            # included, is user code's: it fails the run as it does from an async def.
+            # KeyboardInterrupt and SystemExit also propagate.
+            self._controller.fail(exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return
+        if result is not None and not (type(result) is StateFuture and result._state == _DONE):
+            self._driver.follow(ctx, result, self._process_element)
