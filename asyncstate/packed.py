@@ -1,7 +1,7 @@
 """`Packed`: the stored form of a non-scalar value (see `asyncstate.serde`).
 
-It lives apart from `serde`, which is compiled: a compiled module cannot define a subclass of
-`bytes`.
+compiled: interpreted module. It lives apart from `serde`, which is compiled: a compiled
+module cannot define a subclass of `bytes`.
 """
 
 from __future__ import annotations

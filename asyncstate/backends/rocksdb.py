@@ -88,12 +88,11 @@ _MAX_IO_PARALLELISM = 64
 # A batch's multi-get is split over the I/O slots only into parts of at least this many
 # keys. Each part needs the GIL back to build its results, which takes up to the interpreter's
 # switch interval while the loop thread is busy: the parts of an ordinary batch would only
-# wait for it in turn (measured: the loop thread idled ~17 % of a run with 128, ~14 % without
-# splitting). Batches run on both I/O slots side by side either way.
+# wait for it in turn (the loop thread idled more with smaller parts: docs/performance.md).
+# Batches run on both I/O slots side by side either way.
 _MIN_PART_KEYS = 2048
-# Reads of up to this many keys run on the loop thread. The measured break-even is ~16: a
-# multi-get costs the loop ~0.65 us per key, while a pool hand-off and wake-up cost ~25-35 us
-# of latency and ~10 us of loop time.
+# Reads of up to this many keys run on the loop thread: below it, a pool hand-off and wake-up
+# cost the loop more than the multi-get itself (the break-even is in docs/performance.md).
 DEFAULT_INLINE_READ_KEYS = 16
 _RESTORE_BATCH_ENTRIES = 100_000
 # Longest the loop thread blocks to hand the GIL to an idle I/O thread (see _start_reads).
@@ -581,7 +580,7 @@ class RocksDBBackend:
                 raise BackendError(f"RocksDB multi-get on {self._path!r} returned "
                                    f"{'nothing' if values is None else len(values)} values "
                                    f"for {n} keys", path=self._path)
-            for j in range(n):  # an index loop: compiled, cheaper than zip(strict=True)
+            for j in range(n):  # compiled: index loop (cheaper than zip(strict=True))
                 slot = slots[j]
                 raw = values[j]
                 if slot >= 0:

@@ -22,39 +22,52 @@ from asyncstate.serde import NONE_BYTES, from_stored, stored_to_bytes
 
 __all__: list[str] = []
 
-_T: Final = StateRequestType
+_T: Final = StateRequestType  # compiled: Final alias
 # Bound once: CPython 3.11 compiles `name.method(...)` on an imported name as a plain attribute
 # load (the fast path for modules), so `_SEQ.pack(seq)` would build a bound method per call.
-# Final: a compiled module reads these names from C statics (the ints as constants) instead
-# of looking them up in the module's dict on every request.
-_pack_seq: Final = _SEQ.pack
+_pack_seq: Final = _SEQ.pack  # compiled: Final alias
 _VALUE_KINDS: Final = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
 
 # Request categories, indexed by request type: the plan dispatches on one small int.
-_GET: Final = 0
-_MAP_GET: Final = 1
-_MAP_CONTAINS: Final = 2
-_PUT: Final = 3
-_MAP_PUT: Final = 4
-_MAP_PUT_ALL: Final = 5
-_MAP_REMOVE: Final = 6
-_LIST_ADD: Final = 7
-_LIST_ADD_ALL: Final = 8
-_LIST_UPDATE: Final = 9
-_CLEAR: Final = 10
-_ITER: Final = 11
-_LOAD: Final = 12
-_NONE: Final = 13
+# compiled: Final alias (the ints become C constants)
+_CAT_GET: Final = 0
+_CAT_MAP_GET: Final = 1
+_CAT_MAP_CONTAINS: Final = 2
+_CAT_PUT: Final = 3
+_CAT_MAP_PUT: Final = 4
+_CAT_MAP_PUT_ALL: Final = 5
+_CAT_MAP_REMOVE: Final = 6
+_CAT_LIST_ADD: Final = 7
+_CAT_LIST_ADD_ALL: Final = 8
+_CAT_LIST_UPDATE: Final = 9
+_CAT_CLEAR: Final = 10
+_CAT_ITER: Final = 11
+_CAT_LOAD: Final = 12
+_CAT_NONE: Final = 13
 _CATEGORY_OF = {
-    _T.CLEAR: _CLEAR, _T.VALUE_GET: _GET, _T.VALUE_UPDATE: _PUT, _T.LIST_GET: _ITER,
-    _T.LIST_ADD: _LIST_ADD, _T.LIST_UPDATE: _LIST_UPDATE, _T.LIST_ADD_ALL: _LIST_ADD_ALL,
-    _T.MAP_GET: _MAP_GET, _T.MAP_CONTAINS: _MAP_CONTAINS, _T.MAP_PUT: _MAP_PUT,
-    _T.MAP_PUT_ALL: _MAP_PUT_ALL, _T.MAP_ITER: _ITER, _T.MAP_ITER_KEY: _ITER,
-    _T.MAP_ITER_VALUE: _ITER, _T.MAP_REMOVE: _MAP_REMOVE, _T.MAP_IS_EMPTY: _ITER,
-    _T.ITERATOR_LOADING: _LOAD, _T.REDUCING_GET: _GET, _T.REDUCING_ADD: _PUT,
-    _T.AGGREGATING_GET: _GET, _T.AGGREGATING_ADD: _PUT,
+    _T.CLEAR: _CAT_CLEAR,
+    _T.VALUE_GET: _CAT_GET,
+    _T.VALUE_UPDATE: _CAT_PUT,
+    _T.LIST_GET: _CAT_ITER,
+    _T.LIST_ADD: _CAT_LIST_ADD,
+    _T.LIST_UPDATE: _CAT_LIST_UPDATE,
+    _T.LIST_ADD_ALL: _CAT_LIST_ADD_ALL,
+    _T.MAP_GET: _CAT_MAP_GET,
+    _T.MAP_CONTAINS: _CAT_MAP_CONTAINS,
+    _T.MAP_PUT: _CAT_MAP_PUT,
+    _T.MAP_PUT_ALL: _CAT_MAP_PUT_ALL,
+    _T.MAP_ITER: _CAT_ITER,
+    _T.MAP_ITER_KEY: _CAT_ITER,
+    _T.MAP_ITER_VALUE: _CAT_ITER,
+    _T.MAP_REMOVE: _CAT_MAP_REMOVE,
+    _T.MAP_IS_EMPTY: _CAT_ITER,
+    _T.ITERATOR_LOADING: _CAT_LOAD,
+    _T.REDUCING_GET: _CAT_GET,
+    _T.REDUCING_ADD: _CAT_PUT,
+    _T.AGGREGATING_GET: _CAT_GET,
+    _T.AGGREGATING_ADD: _CAT_PUT,
 }
-_CATEGORY: Final = [_CATEGORY_OF.get(t, _NONE) for t in StateRequestType]
+_CATEGORY: Final = [_CATEGORY_OF.get(t, _CAT_NONE) for t in StateRequestType]
 
 
 # -- handles, cursors, jobs -----------------------------------------------------------------
@@ -197,11 +210,11 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
     seq_start = job.list_seq
     for i, request in enumerate(batch):
         cat = category[request.request_type]
-        if cat == _LOAD:
+        if cat == _CAT_LOAD:
             cursor: _Cursor = request.payload[1]
             handle = cursor.handle
             prefix = cursor.prefix
-        elif cat == _NONE:
+        elif cat == _CAT_NONE:
             raise ValueError(f"RocksDBBackend cannot execute {request.request_type.name}")
         else:
             handle = request.state.handle  # type: ignore[union-attr]
@@ -223,8 +236,8 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 found = all_touched[handle] = _Touched()
             touched = found
             last_handle = handle
-        if cat <= _MAP_CONTAINS:
-            if cat == _GET:
+        if cat <= _CAT_MAP_CONTAINS:
+            if cat == _CAT_GET:
                 key = prefix
                 values = touched.values
                 if values and prefix in values:
@@ -236,17 +249,17 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 overlay = touched.maps.get(prefix)
                 if overlay is not None and (overlay.cleared or user_key in overlay.entries):
                     stored = overlay.entries.get(user_key)
-                    results[i] = (stored is not None) if cat == _MAP_CONTAINS \
+                    results[i] = (stored is not None) if cat == _CAT_MAP_CONTAINS \
                         else from_stored(stored)
                     continue
             touched.keys.append(key)
-            touched.slots.append(~i if cat == _MAP_CONTAINS else i)
+            touched.slots.append(~i if cat == _CAT_MAP_CONTAINS else i)
             point_reads += 1
-            if track and cat != _GET:
+            if track and cat != _CAT_GET:
                 touched.read.add(prefix)
             continue
-        if cat >= _ITER:
-            if cat == _ITER:
+        if cat >= _CAT_ITER:
+            if cat == _CAT_ITER:
                 t = request.request_type
                 # A list iteration never reaches elements appended after it started.
                 upper = prefix + _pack_seq(job.list_seq) if t is _T.LIST_GET \
@@ -268,9 +281,9 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
             put = wb.put
         cf = handle.cf_handle
         payload = request.payload
-        if cat == _PUT or (cat == _CLEAR and handle.kind in _VALUE_KINDS):
+        if cat == _CAT_PUT or (cat == _CAT_CLEAR and handle.kind in _VALUE_KINDS):
             # A value-kind write: one key, noted in `values` (the overlay) only.
-            if cat == _CLEAR or payload is None:
+            if cat == _CAT_CLEAR or payload is None:
                 wb.delete(prefix, cf)
                 payload = None
             else:
@@ -278,30 +291,30 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
             touched.values[prefix] = payload
             continue
         touched.written[prefix] = segment
-        if cat in (_MAP_PUT, _MAP_PUT_ALL, _MAP_REMOVE):
+        if cat in (_CAT_MAP_PUT, _CAT_MAP_PUT_ALL, _CAT_MAP_REMOVE):
             overlay = touched.maps.get(prefix)
             if overlay is None:
                 overlay = touched.maps[prefix] = _MapOverlay()
             entries = overlay.entries
-            if cat == _MAP_REMOVE:
+            if cat == _CAT_MAP_REMOVE:
                 wb.delete(prefix + payload, cf)
                 entries[payload] = None
                 continue
-            for user_key, value in ((payload,) if cat == _MAP_PUT else payload):
+            for user_key, value in ((payload,) if cat == _CAT_MAP_PUT else payload):
                 if value is None:
                     wb.delete(prefix + user_key, cf)
                 else:
                     put(prefix + user_key, stored_to_bytes(value), cf)
                 entries[user_key] = value
-        elif cat in (_LIST_ADD, _LIST_ADD_ALL, _LIST_UPDATE):
-            if cat == _LIST_UPDATE:
+        elif cat in (_CAT_LIST_ADD, _CAT_LIST_ADD_ALL, _CAT_LIST_UPDATE):
+            if cat == _CAT_LIST_UPDATE:
                 wb.delete_range(prefix, _prefix_end(prefix), cf)
             seq = job.list_seq
-            for value in ((payload,) if cat == _LIST_ADD else payload):
+            for value in ((payload,) if cat == _CAT_LIST_ADD else payload):
                 put(prefix + _pack_seq(seq), stored_to_bytes(value), cf)
                 seq += 1
             job.list_seq = seq
-        else:  # _CLEAR of a list or map
+        else:  # _CAT_CLEAR of a list or map
             wb.delete_range(prefix, _prefix_end(prefix), cf)
             if handle.kind is StateKind.MAP:
                 overlay = touched.maps[prefix] = _MapOverlay()

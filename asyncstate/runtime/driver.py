@@ -35,14 +35,13 @@ __all__ = ["RecordTask", "UserCodeDriver", "needs_task"]
 _TASK_NAMES = frozenset({"timeout", "timeout_at", "current_task", "TaskGroup", "Timeout"})
 _SCAN_LIMIT = 400  # code objects examined per function, at most
 
-# Final: the compiled module reads these names without a dict lookup.
-_CoroutineType: Final = types.CoroutineType
-_current_task: Final = asyncio.current_task
-_FINISHED: Final = FINISHED
-_step_coroutine: Final = step
+_CoroutineType: Final = types.CoroutineType  # compiled: Final alias
+_current_task: Final = asyncio.current_task  # compiled: Final alias
+_FINISHED: Final = FINISHED  # compiled: Final alias
+_step_coroutine: Final = step  # compiled: Final alias
 # asyncio registers the current task per loop; the stand-in only needs the lookups to work.
-_enter_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._enter_task
-_leave_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._leave_task
+_enter_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._enter_task  # compiled: Final alias
+_leave_task: Final[Callable[[Any, Any], None]] = asyncio.tasks._leave_task  # compiled: Final alias
 
 
 def needs_task(fn: Callable[..., Any]) -> bool:

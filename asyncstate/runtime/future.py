@@ -77,7 +77,7 @@ _GATHER: Final = 7  # target.one_done(future): one input of combine_all (target:
 # RecursionError or a C stack overflow.
 _MAX_DEPTH: Final = 32
 
-_get_running_loop: Final = asyncio.get_running_loop
+_get_running_loop: Final = asyncio.get_running_loop  # compiled: Final alias
 
 
 class StateFuture(Generic[T]):
@@ -252,7 +252,8 @@ class StateFuture(Generic[T]):
                 self._observed = True
             gather: _Gather = target
             return gather.one_done(self, depth + 1)
-        # Every other kind completes a StateFuture: typed, a compiled build calls it directly.
+        # compiled: typed local (a compiled build calls it directly). Every other kind
+        # completes a StateFuture.
         chained: StateFuture[Any] = target
         if self._state == _FAILED:
             self._observed = True
@@ -390,8 +391,8 @@ class StateFuture(Generic[T]):
         state = self._state
         if state == _DONE:
             try:
-                # Typed as returning object, so that a compiled build checks the result
-                # here (and names fn) rather than at the call.
+                # compiled: typed as object (a compiled build checks the result here, naming
+                # fn, rather than at the call).
                 call: Callable[[T], object] = fn
                 inner = call(self._result)
             except Exception as exc:  # noqa: BLE001
@@ -508,7 +509,7 @@ class StateFuture(Generic[T]):
 
 
 # Passed to Context.run as a plain function: no bound method per completion.
-_RUN_CALLBACKS: Final = StateFuture._run_callbacks
+_RUN_CALLBACKS: Final = StateFuture._run_callbacks  # compiled: Final alias
 
 
 def _run_deferred(deferred: list[StateFuture[Any]]) -> None:

@@ -4,12 +4,9 @@ Records in flight keep their contexts, futures, requests and coroutines alive ac
 batches: about ten container objects per record, tens of thousands at a time. With CPython's
 default first threshold (700 allocations) every young collection finds them alive and
 promotes them, and the promotions soon trigger full collections, which walk every object of
-the process (the job's own data included). On the batched arms of `scripts/bench.py
-overhead` that was 40-45% of the run. With the first threshold at 50,000, a million batched
-records saw 516 young and 4 full collections instead of 14,092 and 116 (timed with
-`gc.callbacks`). Each young collection still walks every record in flight (~52,000 objects,
-2.5-3 ms, at 6,000 records in flight on RocksDB), so `AsyncStateConfig`'s "auto" threshold
-grows with max_in_flight.
+the process (the job's own data included). A higher first threshold makes both rare. Each
+young collection still walks every record in flight, so `AsyncStateConfig`'s "auto"
+threshold grows with max_in_flight. (The figures are in docs/performance.md.)
 
 Each open operator holds a request (`AsyncStateConfig.gc_threshold`); the threshold is the
 largest request, never below what was set before the first request, and the thresholds found

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 __all__ = ["InternalState"]
 
-_CLEAR: Final = StateRequestType.CLEAR
+_CLEAR: Final = StateRequestType.CLEAR  # compiled: Final alias
 
 
 class InternalState:

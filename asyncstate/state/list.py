@@ -14,16 +14,17 @@ from asyncstate.state.iterator import StateIterator
 __all__ = ["ListState", "stored_list"]
 
 T = TypeVar("T")
-_GET: Final = StateRequestType.LIST_GET
-_ADD: Final = StateRequestType.LIST_ADD
-_UPDATE: Final = StateRequestType.LIST_UPDATE
-_ADD_ALL: Final = StateRequestType.LIST_ADD_ALL
+_GET: Final = StateRequestType.LIST_GET  # compiled: Final alias
+_ADD: Final = StateRequestType.LIST_ADD  # compiled: Final alias
+_UPDATE: Final = StateRequestType.LIST_UPDATE  # compiled: Final alias
+_ADD_ALL: Final = StateRequestType.LIST_ADD_ALL  # compiled: Final alias
 
 
 def stored_list(values: Any, state_name: str, what: str) -> list[Any]:
     """Stored forms of `values`; rejects str, bytes and mappings, which are not lists, and
-    anything not iterable. (`values` is typed Any so that the compiled module runs these
-    checks rather than a type check of its own.)"""
+    anything not iterable."""
+    # compiled: typed as Any (the compiled module runs these checks, not a type check of its
+    # own).
     if isinstance(values, (str, bytes, bytearray, dict)) or not isinstance(values, Iterable):
         raise TypeError(f"{what} of state {state_name!r} expects a list of values, "
                         f"got {type(values).__name__}")

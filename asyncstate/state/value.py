@@ -12,8 +12,8 @@ from asyncstate.state.base import InternalState
 __all__ = ["ValueState"]
 
 T = TypeVar("T")
-_GET: Final = StateRequestType.VALUE_GET
-_UPDATE: Final = StateRequestType.VALUE_UPDATE
+_GET: Final = StateRequestType.VALUE_GET  # compiled: Final alias
+_UPDATE: Final = StateRequestType.VALUE_UPDATE  # compiled: Final alias
 
 
 class ValueState(InternalState, Generic[T]):
