@@ -23,6 +23,7 @@ from asyncstate.errors import ConfigError as ConfigError
 from asyncstate.errors import InjectedFailure as InjectedFailure
 from asyncstate.errors import InvalidStateError as InvalidStateError
 from asyncstate.errors import KeyGroupError as KeyGroupError
+from asyncstate.errors import RecordTimeoutError as RecordTimeoutError
 from asyncstate.errors import SerializationError as SerializationError
 from asyncstate.function import KeyedProcessFunction as KeyedProcessFunction
 from asyncstate.function import RuntimeContext as RuntimeContext
@@ -35,6 +36,7 @@ from asyncstate.keygroups import (
 from asyncstate.keygroups import (
     compute_operator_index_for_key_group as compute_operator_index_for_key_group,
 )
+from asyncstate.keygroups import operator_index_for_key as operator_index_for_key
 from asyncstate.operator import KeyedOperator as KeyedOperator
 from asyncstate.operator import run as run
 from asyncstate.runtime.context import RecordContext as RecordContext
@@ -103,6 +105,7 @@ __all__ = [
     "MapStateDescriptor",
     "OperatorListState",
     "RecordContext",
+    "RecordTimeoutError",
     "ReducingState",
     "ReducingStateDescriptor",
     "RocksDBBackend",
@@ -123,5 +126,6 @@ __all__ = [
     "completed_void_future",
     "compute_key_group_range_for_operator_index",
     "compute_operator_index_for_key_group",
+    "operator_index_for_key",
     "run",
 ]

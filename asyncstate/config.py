@@ -90,6 +90,9 @@ class AsyncStateConfig:
     max_in_flight: most records admitted and not yet finished; admission waits beyond it.
     max_parallelism: number of key groups, 1..32768; fixed for the life of the state.
     iterator_chunk_size: elements loaded per step when iterating list or map state.
+    record_timeout_ms: a record (or timer firing) that runs longer than this, from the moment
+        it holds its key until it finishes, fails the operator with RecordTimeoutError naming
+        its key; None (the default) sets no limit.
     gc_threshold: while the operator is open, the cyclic garbage collector's first threshold
         is at least this many allocations (restored when the last operator closes), so that
         records in flight are not walked and promoted by frequent collections. "auto" (the
@@ -102,6 +105,7 @@ class AsyncStateConfig:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     iterator_chunk_size: int = DEFAULT_ITERATOR_CHUNK_SIZE
+    record_timeout_ms: int | None = None
     gc_threshold: int | Literal["auto"] | None = DEFAULT_GC_THRESHOLD
 
     def __post_init__(self) -> None:
@@ -110,6 +114,8 @@ class AsyncStateConfig:
         check_int("max_in_flight", self.max_in_flight, 1)
         check_int("max_parallelism", self.max_parallelism, 1, MAX_MAX_PARALLELISM)
         check_int("iterator_chunk_size", self.iterator_chunk_size, 1)
+        if self.record_timeout_ms is not None:
+            check_int("record_timeout_ms", self.record_timeout_ms, 1)
         threshold = self.gc_threshold
         if threshold is not None and threshold != "auto" and (
                 type(threshold) is not int or not 1 <= threshold <= MAX_GC_THRESHOLD):

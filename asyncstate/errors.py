@@ -8,6 +8,7 @@ The tree::
     +-- KeyGroupError                     a key belongs to another operator's key groups
     +-- CheckpointError                   a checkpoint is missing, incomplete or damaged
     +-- InvalidStateError (also RuntimeError)  an object is used at the wrong moment
+    +-- RecordTimeoutError (also TimeoutError)  a record took longer than record_timeout_ms
     +-- BackendError                      a storage backend failed
         +-- InjectedFailure               a simulated backend failed on purpose
 
@@ -27,6 +28,7 @@ __all__ = [
     "InjectedFailure",
     "InvalidStateError",
     "KeyGroupError",
+    "RecordTimeoutError",
     "SerializationError",
 ]
 
@@ -91,6 +93,19 @@ class CheckpointError(AsyncStateError):
 class InvalidStateError(AsyncStateError, RuntimeError):
     """Raised when an object is used at the wrong moment (a pending future's result, a
     record context after its record finished, state access outside any record)."""
+
+
+class RecordTimeoutError(AsyncStateError, TimeoutError):
+    """Raised when a record or timer firing runs longer than
+    `AsyncStateConfig.record_timeout_ms`; names its key."""
+
+    def __init__(self, key: object, timeout_ms: int, elapsed_ms: int) -> None:
+        super().__init__(
+            f"the record with key {key!r} has been running for {elapsed_ms} ms, longer than "
+            f"record_timeout_ms={timeout_ms}; it may await something that never completes")
+        self.key = key
+        self.timeout_ms = timeout_ms
+        self.elapsed_ms = elapsed_ms
 
 
 class BackendError(AsyncStateError):

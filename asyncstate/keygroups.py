@@ -20,6 +20,7 @@ __all__ = [
     "compute_key_group_range_for_operator_index",
     "compute_operator_index_for_key_group",
     "key_group_of_bytes",
+    "operator_index_for_key",
 ]
 
 def assign_to_key_group(key: object, max_parallelism: int) -> int:
@@ -81,3 +82,10 @@ def compute_operator_index_for_key_group(
     if key_group < boundary:
         return key_group // (q + 1)
     return r + (key_group - boundary) // q
+
+
+def operator_index_for_key(key: object, max_parallelism: int, parallelism: int) -> int:
+    """The index of the operator (of `parallelism`) whose key-group range holds `key`: where
+    a job routes the key's records."""
+    return compute_operator_index_for_key_group(
+        max_parallelism, parallelism, assign_to_key_group(key, max_parallelism))

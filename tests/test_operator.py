@@ -671,25 +671,36 @@ def test_state_access_in_open_fails_run():
         ast.run(Fn(), [1], key_selector=lambda r: r)
 
 
-async def test_state_access_from_a_task_that_outlived_its_record_raises(make_backend):
+ORPHAN = r"^state 'v' accessed for the record with key 'a' after that record finished"
+
+
+async def test_state_access_from_a_task_that_outlived_its_record_fails_the_run(make_backend):
     tasks = []
+    release = asyncio.Event()
 
     async def later(fn):
-        await asyncio.sleep(0.02)
+        await release.wait()
         return await fn.v.value()
 
     async def spawn(fn, ctx):
         await fn.v.update(1)
         tasks.append(asyncio.get_running_loop().create_task(later(fn)))
 
-    async with operator(Step(), make_backend()) as op:
-        await op.process(("a", spawn))
-        await op.drain()
-        with pytest.raises(ast.InvalidStateError):
-            await tasks[0]
+    with pytest.raises(ast.InvalidStateError, match=ORPHAN) as failed:
+        async with operator(Step(), make_backend()) as op:
+            await op.process(("a", spawn))
+            await op.drain()
+            release.set()
+            with pytest.raises(ast.InvalidStateError, match=ORPHAN) as raised:
+                await asyncio.wait_for(tasks[0], 10)
+            # The task's error is the run's: the operator refuses further calls with it.
+            with pytest.raises(ast.InvalidStateError, match=ORPHAN):
+                await op.process(("b", spawn))
+    assert failed.value is raised.value
 
 
-async def test_state_access_from_a_callback_that_outlived_its_record_raises(make_backend):
+async def test_state_access_from_a_callback_that_outlived_its_record_fails_the_run(
+        make_backend):
     results = []
 
     def later(fn):
@@ -700,14 +711,45 @@ async def test_state_access_from_a_callback_that_outlived_its_record_raises(make
 
     class Fn(Step):
         def process_element(self, record, ctx):
-            asyncio.get_running_loop().call_later(0.01, later, self)
+            # What a callback scheduled now (call_later, a client's hook) would run in.
+            self.scheduled = contextvars.copy_context()
             return self.v.update(1)
 
-    async with operator(Fn(), make_backend()) as op:
-        await op.process(("a", None))
-        await op.drain()
-        await asyncio.sleep(0.05)
-    assert len(results) == 1
+    fn = Fn()
+    with pytest.raises(ast.InvalidStateError, match=ORPHAN) as failed:
+        async with operator(fn, make_backend()) as op:
+            await op.process(("a", None))
+            await op.drain()
+            fn.scheduled.run(later, fn)  # the record is over when the callback runs
+    assert results == [failed.value]
+
+
+def test_run_waits_for_a_task_a_record_left_running_and_fails_on_its_state_call():
+    class Fn(Step):
+        async def process_element(self, record, ctx):
+            await self.v.update(1)
+
+            async def later():
+                await asyncio.sleep(0)
+                await self.v.update(2)  # the record is over: this must not be lost silently
+
+            asyncio.get_running_loop().create_task(later())
+
+    with pytest.raises(ast.InvalidStateError, match=ORPHAN):
+        ast.run(Fn(), [("a", None)], key_selector=first)
+
+
+def test_run_fails_with_the_exception_of_a_task_a_record_left_running():
+    class Fn(Step):
+        async def process_element(self, record, ctx):
+            async def later():
+                await asyncio.sleep(0)
+                raise Boom("late")
+
+            asyncio.get_running_loop().create_task(later())
+
+    with pytest.raises(Boom, match="^late$"):
+        ast.run(Fn(), [("a", None)], key_selector=first)
 
 
 # -- failures -----------------------------------------------------------------------------

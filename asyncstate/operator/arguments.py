@@ -7,12 +7,14 @@ raise its own TypeError for a wrongly typed one).
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Callable
 from typing import Any
 
 from asyncstate.backends.base import StateExecutor
 from asyncstate.clock import Clock
-from asyncstate.config import AsyncStateConfig
+from asyncstate.config import MAX_MAX_PARALLELISM, AsyncStateConfig, check_int
 from asyncstate.errors import ConfigError
 
 __all__ = [
@@ -20,7 +22,12 @@ __all__ = [
     "check_clock",
     "check_config",
     "check_function",
+    "check_output_list",
+    "check_parallelism",
     "check_restore_from",
+    "check_run_backends",
+    "check_run_checkpoint",
+    "check_run_functions",
     "check_selector",
     "check_timestamp",
 ]
@@ -86,8 +93,79 @@ def check_config(config: object) -> AsyncStateConfig:
     return config
 
 
+def check_output_list(output_list: object) -> list[Any]:
+    """`output_list`, or a new list for None; TypeError for anything but a list."""
+    if output_list is None:
+        return []
+    if type(output_list) is not list:
+        raise TypeError(f"output_list must be a list or None, got {type(output_list).__name__}")
+    return output_list
+
+
 def check_timestamp(what: str, ts: Any) -> int:
     """`ts` if it is an int of milliseconds in [-2**63, 2**63), else ConfigError naming it."""
     if type(ts) is not int or not (_MIN_TS <= ts <= _MAX_TS):
         raise ConfigError(what, ts, "an int of milliseconds in [-2**63, 2**63)")
     return ts
+
+
+def check_parallelism(parallelism: object) -> int:
+    """`parallelism` if it is an int in [1, 32768], else ConfigError."""
+    return check_int("parallelism", parallelism, 1, MAX_MAX_PARALLELISM)
+
+
+def check_run_functions(function: object, parallelism: int) -> list[Any]:
+    """One function object per operator: `function` itself for operator 0 and copies of it
+    for the others, or what a factory (a class or a callable without process_element)
+    returns for each operator."""
+    if isinstance(function, type) or (callable(function) and not callable(
+            getattr(function, "process_element", None))):
+        made = [function() for _ in range(parallelism)]
+        for fn in made:
+            if not callable(getattr(fn, "process_element", None)):
+                raise TypeError(f"function factory must return a KeyedProcessFunction, got "
+                                f"{type(fn).__name__}")
+        return made
+    check_function(function)
+    try:
+        return [function] + [copy.deepcopy(function) for _ in range(parallelism - 1)]
+    except Exception as exc:
+        raise TypeError(
+            f"the {type(function).__name__} object cannot be copied for {parallelism} "
+            f"operators ({exc}); pass its class or a factory instead, e.g. "
+            f"ast.run({type(function).__name__}, ...)") from exc
+
+
+def check_run_backends(backend: object, parallelism: int) -> list[StateExecutor | None]:
+    """One backend per operator (None: a HeapBackend): `backend` itself when it is a backend
+    object (parallelism 1 only: a backend serves one operator), else what the factory
+    returns for each operator index."""
+    if backend is None:
+        return [None] * parallelism
+    if callable(getattr(backend, "execute_batch", None)) and not isinstance(backend, type):
+        if parallelism != 1:
+            raise TypeError(
+                f"backend must be a factory called with each operator index when parallelism "
+                f"is {parallelism} (a backend object serves one operator), got a "
+                f"{type(backend).__name__} object; e.g. backend=lambda i: "
+                f"ast.RocksDBBackend(f'state-{{i}}')")
+        return [check_backend(backend)]
+    if not callable(backend):
+        raise TypeError(f"backend must be a state backend, a factory of backends or None, "
+                        f"got {type(backend).__name__}")
+    factory: Callable[[int], object] = backend
+    return [check_backend(factory(i), f"backend({i})") for i in range(parallelism)]
+
+
+def check_run_checkpoint(checkpoint_dir: object, checkpoint_id: object) -> tuple[str, int] | None:
+    """(directory, id) when both are given, None when neither is; else ConfigError."""
+    if checkpoint_dir is None and checkpoint_id is None:
+        return None
+    if checkpoint_dir is None or checkpoint_id is None:
+        missing = "checkpoint_dir" if checkpoint_dir is None else "checkpoint_id"
+        raise ConfigError(missing, None, "given together with "
+                          f"{'checkpoint_id' if missing == 'checkpoint_dir' else 'checkpoint_dir'}")
+    if not isinstance(checkpoint_dir, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_dir must be a directory path (str or os.PathLike), got "
+                        f"{type(checkpoint_dir).__name__}")
+    return os.fspath(checkpoint_dir), check_int("checkpoint_id", checkpoint_id, 0)

@@ -29,6 +29,7 @@ from asyncstate.operator.inbox import Inbox
 from asyncstate.operator.metrics import operator_metrics
 from asyncstate.operator.progress import MIN_WATERMARK, TimeProgress
 from asyncstate.operator.records import RecordRunner
+from asyncstate.operator.watchdog import RecordWatchdog
 from asyncstate.runtime import gc_threshold
 from asyncstate.runtime.context import RecordContext, current_context
 from asyncstate.runtime.controller import AsyncExecutionController
@@ -51,7 +52,8 @@ class KeyedOperator:
                  clock: Clock | None = None,
                  timestamp_selector: Callable[[Any], int | None] | None = None,
                  parallelism: int = 1, operator_index: int = 0,
-                 restore_from: str | os.PathLike[str] | None = None) -> None:
+                 restore_from: str | os.PathLike[str] | None = None,
+                 output_list: list[Any] | None = None) -> None:
         arguments.check_function(function)
         arguments.check_selector("key_selector", key_selector)
         arguments.check_selector("timestamp_selector", timestamp_selector, optional=True)
@@ -70,7 +72,8 @@ class KeyedOperator:
         self._state = "new"  # new -> opening -> open -> closed
         self._function_opened = False
         self._gc_threshold: int | None = None  # the GC threshold held while open
-        self._outputs: list[Any] = []
+        # Emitted values; several operators may share one list (ast.run at parallelism > 1).
+        self._outputs: list[Any] = arguments.check_output_list(output_list)
         # The parts, built when the operator starts (they need the running loop).
         self._controller: AsyncExecutionController | None = None
         self._capabilities: BackendCapabilities | None = None
@@ -78,6 +81,7 @@ class KeyedOperator:
         self._records: RecordRunner | None = None
         self._gate: AdmissionGate | None = None
         self._progress: TimeProgress | None = None
+        self._watchdog: RecordWatchdog | None = None
 
     def __repr__(self) -> str:
         return (f"<KeyedOperator {type(self.function).__name__} {self._state} "
@@ -94,7 +98,11 @@ class KeyedOperator:
             self.backend, batch_size=config.batch_size,
             buffer_timeout_ms=config.buffer_timeout_ms, max_in_flight=config.max_in_flight,
             max_parallelism=config.max_parallelism,
-            iterator_chunk_size=config.iterator_chunk_size)
+            iterator_chunk_size=config.iterator_chunk_size,
+            time_records=config.record_timeout_ms is not None)
+        if config.record_timeout_ms is not None:
+            self._watchdog = RecordWatchdog(asyncio.get_running_loop(), controller,
+                                            config.record_timeout_ms)
         self._capabilities = BackendCapabilities.of(self.backend)
         process_element = self.function.process_element
         always_task = getattr(self.function, "needs_task", None)  # a duck-typed function too
@@ -135,6 +143,8 @@ class KeyedOperator:
             await self._close_after(exc)
             raise
         self._state = "open"
+        if self._watchdog is not None:
+            self._watchdog.start()
         log.debug("operator.open", function=type(self.function).__name__,
                   index=self.operator_index, parallelism=self.parallelism)
         return self
@@ -170,6 +180,8 @@ class KeyedOperator:
         if self._state == "closed":
             return
         opened, self._state = self._state != "new", "closed"
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if opened:
             assert self._controller is not None and self._driver is not None
             self._controller.close()
@@ -245,7 +257,8 @@ class KeyedOperator:
 
     def outputs(self) -> list[Any]:
         """Return and clear the values emitted so far, in emission order."""
-        out, self._outputs = self._outputs, []
+        out = self._outputs[:]
+        self._outputs.clear()
         return out
 
     # -- progress --------------------------------------------------------------------------

@@ -1,8 +1,17 @@
-"""`ast.run`: a job over an iterable of records, on a fresh event loop."""
+"""`ast.run`: a job over an iterable of records, on a fresh event loop.
+
+With `parallelism` N the job runs N operators in one loop, each owning its range of key
+groups; every record goes to the operator whose range holds its key's group, as a keyed
+exchange would route it. At the end of input every operator drains and advances its
+watermark to the maximum (every event-time timer fires), then, when a checkpoint is asked
+for, each writes its part. Tasks that records spawned and left running are waited for
+before the operators close, so a state call they make fails the run instead of being lost.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -12,10 +21,15 @@ from asyncstate.clock import Clock
 from asyncstate.config import AsyncStateConfig
 from asyncstate.errors import InvalidStateError
 from asyncstate.function import KeyedProcessFunction
+from asyncstate.keygroups import compute_operator_index_for_key_group
+from asyncstate.operator import arguments
 from asyncstate.operator.keyed import KeyedOperator
 from asyncstate.operator.progress import MAX_WATERMARK
+from asyncstate.serde import canonical_key, key_group_of_bytes
 
 __all__ = ["new_event_loop", "run"]
+
+BackendFactory = Callable[[int], StateExecutor]
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -28,38 +42,143 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def run(function: KeyedProcessFunction, records: Iterable[Any], *,
-        key_selector: Callable[[Any], Any],
+def run(function: KeyedProcessFunction | Callable[[], KeyedProcessFunction],
+        records: Iterable[Any], *, key_selector: Callable[[Any], Any],
         timestamp_selector: Callable[[Any], int | None] | None = None,
-        backend: StateExecutor | None = None, config: AsyncStateConfig | None = None,
-        clock: Clock | None = None) -> list[Any]:
+        backend: StateExecutor | BackendFactory | None = None,
+        config: AsyncStateConfig | None = None, clock: Clock | None = None,
+        parallelism: int = 1, checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_id: int | None = None,
+        restore_from: str | os.PathLike[str] | None = None) -> list[Any]:
     """Run `function` over `records` on a fresh event loop; the emitted values in order.
 
-    At the end of input it drains, then advances the watermark to the maximum.
+    `parallelism` N > 1 runs N operators in one loop, records routed by key group; then
+    `function` is a function object used by operator 0 or a factory called once per operator
+    (a function object serves one operator), and `backend` a factory called with each
+    operator index (None: a HeapBackend each). `restore_from` restores every operator from
+    a checkpoint written at any parallelism; `checkpoint_dir` with `checkpoint_id` writes a
+    checkpoint at the end of input, after every event-time timer fired. Returns the path
+    only through `ast.checkpoint_path(checkpoint_dir, checkpoint_id)`.
     """
     if asyncio._get_running_loop() is not None:
         raise InvalidStateError(
             "ast.run() cannot be called from a running event loop; inside async code use "
             "`async with ast.KeyedOperator(...) as op: await op.process(record)`")
-    operator = KeyedOperator(function, key_selector=key_selector,
-                             backend=backend if backend is not None else HeapBackend(),
-                             config=config, clock=clock, timestamp_selector=timestamp_selector)
+    arguments.check_parallelism(parallelism)
+    checkpoint = arguments.check_run_checkpoint(checkpoint_dir, checkpoint_id)
+    functions = arguments.check_run_functions(function, parallelism)
+    backends = arguments.check_run_backends(backend, parallelism)
+    outputs: list[Any] = []
+    operators = [
+        KeyedOperator(functions[i], key_selector=key_selector,
+                      backend=_or_heap(backends[i]),
+                      config=config, clock=clock, timestamp_selector=timestamp_selector,
+                      parallelism=parallelism, operator_index=i, restore_from=restore_from,
+                      output_list=outputs)
+        for i in range(parallelism)]
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(_run(operator, records))
+        runner.run(_run(operators, records, key_selector, checkpoint))
+    return outputs
 
 
-async def _run(operator: KeyedOperator, records: Iterable[Any]) -> list[Any]:
-    async with operator:
-        controller = operator.controller
-        prepare = operator.records.prepare
-        gate = operator.admission
-        for record in records:
+def _or_heap(backend: StateExecutor | None) -> StateExecutor:
+    return HeapBackend() if backend is None else backend
+
+
+async def _run(operators: list[KeyedOperator], records: Iterable[Any],
+               key_selector: Callable[[Any], Any],
+               checkpoint: tuple[str, int] | None) -> None:
+    entered: list[KeyedOperator] = []
+    error: BaseException | None = None
+    try:
+        for operator in operators:
+            await operator.__aenter__()
+            entered.append(operator)
+        if len(operators) == 1:
+            await _feed_one(operators[0], records)
+        else:
+            await _feed_routed(operators, records, key_selector)
+        await _settle(operators)
+        for operator in operators:
+            await operator.advance_watermark(MAX_WATERMARK)
+        await _settle(operators)
+        if checkpoint is not None:
+            for operator in operators:
+                await operator.snapshot(*checkpoint)
+    except BaseException as exc:  # noqa: BLE001 - every operator closes, then it is raised
+        error = exc
+    for operator in reversed(entered):
+        try:
+            if error is None:
+                await operator.__aexit__(None, None, None)
+            else:
+                await operator.__aexit__(type(error), error, error.__traceback__)
+        except BaseException as exc:  # noqa: BLE001 - the first error is raised
+            if error is None:
+                error = exc
+    if error is not None:
+        raise error
+
+
+async def _settle(operators: list[KeyedOperator]) -> None:
+    """Drain every operator, then wait for the tasks records spawned and left running."""
+    for operator in operators:
+        await operator.drain()
+    await _wait_for_spawned_tasks(operators)
+    for operator in operators:
+        await operator.drain()
+
+
+async def _feed_one(operator: KeyedOperator, records: Iterable[Any]) -> None:
+    controller = operator.controller
+    prepare = operator.records.prepare
+    gate = operator.admission
+    for record in records:
+        failure = controller.failure
+        if failure is not None:
+            raise failure
+        ctx = prepare(record)
+        if not gate.try_admit(ctx):
+            await gate.admit(ctx)
+
+
+async def _feed_routed(operators: list[KeyedOperator], records: Iterable[Any],
+                       key_selector: Callable[[Any], Any]) -> None:
+    parallelism = len(operators)
+    max_parallelism = operators[0].config.max_parallelism
+    controllers = [op.controller for op in operators]
+    prepares = [op.records.prepare for op in operators]
+    gates = [op.admission for op in operators]
+    for record in records:
+        for controller in controllers:
             failure = controller.failure
             if failure is not None:
                 raise failure
-            ctx = prepare(record)
-            if not gate.try_admit(ctx):
-                await gate.admit(ctx)
-        await operator.drain()
-        await operator.advance_watermark(MAX_WATERMARK)
-    return operator.outputs()
+        key_group = key_group_of_bytes(canonical_key(key_selector(record)), max_parallelism)
+        i = compute_operator_index_for_key_group(max_parallelism, parallelism, key_group)
+        ctx = prepares[i](record)
+        if not gates[i].try_admit(ctx):
+            await gates[i].admit(ctx)
+
+
+async def _wait_for_spawned_tasks(operators: list[KeyedOperator]) -> None:
+    """Wait for tasks that records spawned and did not await (this loop runs nothing else):
+    a state call they make fails the run, and so does an exception they raise."""
+    current = asyncio.current_task()
+    spawned = [t for t in asyncio.all_tasks() if t is not current]
+    if not spawned:
+        return
+    timeout_ms = operators[0].config.record_timeout_ms
+    await asyncio.wait(spawned, timeout=None if timeout_ms is None else timeout_ms / 1000.0)
+    for task in spawned:
+        if not task.done():
+            raise InvalidStateError(
+                f"a task that a record spawned and did not await ({task.get_name()}) was "
+                f"still running record_timeout_ms={timeout_ms} after the input ended")
+        if not task.cancelled() and task.exception() is not None:
+            for operator in operators:
+                operator.controller.fail(task.exception())  # type: ignore[arg-type]
+    for operator in operators:
+        failure = operator.controller.failure
+        if failure is not None:
+            raise failure

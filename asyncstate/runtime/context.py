@@ -47,7 +47,7 @@ class RecordContext:
     __slots__ = ("_disposer", "_owner", "_timestamp", "blocked", "entered", "epoch",
                  "failures", "finished", "in_flight", "key", "key_bytes", "key_group",
                  "key_occupied", "namespaces", "priority", "record", "ref_count", "serial",
-                 "storage_key", "time_domain", "vars")
+                 "started_at", "storage_key", "time_domain", "vars")
 
     def __init__(self, record: Any, key: Any, key_bytes: bytes, key_group: int,
                  disposer: Callable[[RecordContext], None] | None,
@@ -63,6 +63,8 @@ class RecordContext:
         self.finished = False
         self.entered = False
         self.blocked = 0  # requests of this context waiting in a blocking queue
+        # When it took its key (time.monotonic()), if its controller times records.
+        self.started_at = 0.0
         self.epoch: Epoch | None = None
         self.namespaces: dict[Any, bytes] | None = None
         self.failures: list[StateFuture[Any]] | None = None

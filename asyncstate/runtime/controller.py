@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -62,6 +63,7 @@ log = get_logger("asyncstate.controller")
 
 _SYNC_POINT: Final = StateRequestType.SYNC_POINT  # compiled: Final alias
 _current_task: Final = asyncio.current_task  # compiled: Final alias
+_monotonic: Final = time.monotonic  # compiled: Final alias
 _get_running_loop: Final = asyncio._get_running_loop  # compiled: Final alias
 
 
@@ -71,7 +73,8 @@ class AsyncExecutionController:
     def __init__(self, executor: StateExecutor, *, batch_size: int, buffer_timeout_ms: int,
                  max_in_flight: int, max_parallelism: int = 128,
                  iterator_chunk_size: int = DEFAULT_ITERATOR_CHUNK_SIZE,
-                 timeout_scheduler: TimeoutScheduler | None = None) -> None:
+                 timeout_scheduler: TimeoutScheduler | None = None,
+                 time_records: bool = False) -> None:
         self.batch_size = check_int("batch_size", batch_size, 1)
         check_int("buffer_timeout_ms", buffer_timeout_ms, 0)
         self.max_in_flight = check_int("max_in_flight", max_in_flight, 1)
@@ -89,6 +92,7 @@ class AsyncExecutionController:
         self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
+        self._time_records = time_records  # note when each context takes its key
         self._epochs = EpochManager()
         self._in_flight = 0
         self._parked: dict[RecordContext, list[StateRequest]] = {}
@@ -148,17 +152,23 @@ class AsyncExecutionController:
 
     # -- requests --------------------------------------------------------------------------
 
-    def current(self) -> RecordContext:
-        """The current record context; InvalidStateError outside a record or after it ended."""
+    def current(self, state: Any = None) -> RecordContext:
+        """The current record context. Outside a record, InvalidStateError; in a record that
+        already finished (a task or callback outlived it), InvalidStateError naming the state
+        and the key, which also fails the run: the call would otherwise be lost silently."""
         ctx = current_context()
+        what = "state" if state is None else f"state {getattr(state, 'name', state)!r}"
         if ctx is None:
             raise InvalidStateError(
-                "state accessed outside a record: state can only be used while a record or "
+                f"{what} accessed outside a record: state can only be used while a record or "
                 "timer is processed (not in open(), not in a task the record did not await)")
         if ctx.finished:
-            raise InvalidStateError(
-                f"state accessed for the record with key {ctx.key!r} after that record "
-                "finished (a task or callback outlived its record)")
+            exc = InvalidStateError(
+                f"{what} accessed for the record with key {ctx.key!r} after that record "
+                "finished (a task or callback outlived its record): await the task inside "
+                "process_element, or do the state calls there")
+            self.fail(exc)
+            raise exc
         return ctx
 
     def handle_request(self, state: Any, request_type: StateRequestType, payload: Any,
@@ -170,7 +180,7 @@ class AsyncExecutionController:
         if ctx is None:
             ctx = current_context()
             if ctx is None or ctx.finished:
-                ctx = self.current()
+                ctx = self.current(state)
         if ns is None:
             ns = NONE_BYTES if ctx.namespaces is None else ctx.namespaces.get(state, NONE_BYTES)
 
@@ -242,7 +252,7 @@ class AsyncExecutionController:
 
     def set_namespace(self, state: Any, namespace: Any) -> None:
         """Set the namespace the current record uses for `state` (None: the default)."""
-        ctx = self.current()
+        ctx = self.current(state)
         ns_bytes = canonical_key(namespace, "namespace", getattr(state, "name", None))
         if ctx.namespaces is None:
             ctx.namespaces = {}
@@ -279,8 +289,18 @@ class AsyncExecutionController:
     def _occupy(self, ctx: RecordContext) -> bool:
         if self._kau.occupy(ctx, ctx.key_bytes):
             ctx.key_occupied = True
+            if self._time_records:
+                ctx.started_at = _monotonic()
             return True
         return False
+
+    def overdue_context(self, started_before: float) -> RecordContext | None:
+        """A context that has held its key since before `started_before` (a time.monotonic()
+        value), or None; only with `time_records`."""
+        for ctx in self._kau.holders():
+            if ctx.started_at < started_before:
+                return ctx  # type: ignore[no-any-return]
+        return None
 
     def _insert_active(self, request: StateRequest) -> None:
         if request.request_type is _SYNC_POINT:

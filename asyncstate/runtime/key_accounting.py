@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from asyncstate.errors import InvalidStateError
@@ -34,6 +35,10 @@ class KeyAccountingUnit:
         if current is not holder:
             raise InvalidStateError(
                 f"key {key!r} released by {holder!r} but held by {current!r}")
+
+    def holders(self) -> Iterable[Any]:
+        """Every current holder (a live view: do not occupy or release while iterating)."""
+        return self._holders.values()
 
     def occupied_count(self) -> int:
         """Number of keys held."""

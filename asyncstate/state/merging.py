@@ -68,7 +68,7 @@ class _MergingState(InternalState):
         return fut
 
     def _add_with(self, fold: Callable[[Any], Any]) -> StateFuture[None]:
-        ctx = self._controller.current()
+        ctx = self._controller.current(self)
         controller = self._controller
 
         def step(ns: bytes) -> StateFuture[None]:
@@ -81,7 +81,7 @@ class _MergingState(InternalState):
 
     def clear(self) -> StateFuture[None]:
         """Remove the value for the current key and namespace (after pending adds)."""
-        ctx = self._controller.current()
+        ctx = self._controller.current(self)
         controller = self._controller
         return self._write_serialized(
             ctx, lambda ns: controller.handle_request(self, _T.CLEAR, None, ctx, ns))
@@ -101,7 +101,7 @@ class ReducingState(_MergingState, Generic[T]):
 
     def get(self) -> StateFuture[T | None]:
         """A future of the reduced value, or None when nothing was added."""
-        ctx = self._controller.current()
+        ctx = self._controller.current(self)
         return self._serialized(ctx, lambda ns: self._read(ctx, ns))
 
     def add(self, value: T) -> StateFuture[None]:
@@ -129,7 +129,7 @@ class AggregatingState(_MergingState, Generic[IN, OUT]):
 
     def get(self) -> StateFuture[OUT | None]:
         """A future of get_result(accumulator), or None when nothing was added."""
-        ctx = self._controller.current()
+        ctx = self._controller.current(self)
         agg = self._agg
         return self._serialized(ctx, lambda ns: self._read(ctx, ns)).then_apply(
             lambda acc: None if acc is None else agg.get_result(acc))
