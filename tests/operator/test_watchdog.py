@@ -97,6 +97,6 @@ def test_a_record_s_time_starts_when_it_takes_its_key() -> None:
 
 def test_record_timeout_is_checked_at_construction() -> None:
     for bad in (0, -1, 1.5, "10", True):
-        with pytest.raises(ast.ConfigError, match="^record_timeout_ms must be"):
+        with pytest.raises(ast.ConfigError, match=r"^record_timeout_ms must be"):
             ast.AsyncStateConfig(record_timeout_ms=bad)  # type: ignore[arg-type]
     assert ast.AsyncStateConfig().record_timeout_ms is None
