@@ -30,7 +30,15 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
-__all__ = ["COMPILED_MODULES", "PURE_PYTHON_ENV", "STAMP_NAME", "mode", "select", "write_stamp"]
+__all__ = [
+    "COMPILED_MODULES",
+    "PURE_PYTHON_ENV",
+    "STAMP_NAME",
+    "compiled_build_available",
+    "mode",
+    "select",
+    "write_stamp",
+]
 
 PURE_PYTHON_ENV = "ASYNCSTATE_PURE_PYTHON"
 STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the compiled source}
@@ -117,6 +125,12 @@ def _problems() -> list[str]:
     problems += [f"{module} was edited after it was compiled"
                  for module in COMPILED_MODULES if stamped.get(module) != current[module]]
     return problems
+
+
+def compiled_build_available() -> bool:
+    """True when the compiled modules are built and up to date with their sources (whatever
+    this process chose to run)."""
+    return not _problems()
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):

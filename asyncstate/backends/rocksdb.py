@@ -168,11 +168,12 @@ class RocksDBBackend:
     completes_at_issue = False
 
     def __init__(self, path: str | os.PathLike[str], *,
-                 io_parallelism: int = DEFAULT_IO_PARALLELISM,
-                 inline_read_keys: int = DEFAULT_INLINE_READ_KEYS,
+                 io_parallelism: object = DEFAULT_IO_PARALLELISM,
+                 inline_read_keys: object = DEFAULT_INLINE_READ_KEYS,
                  options: RocksDBOptions | None = None) -> None:
-        check_int("io_parallelism", io_parallelism, 1, _MAX_IO_PARALLELISM)
-        check_int("inline_read_keys", inline_read_keys, 0)
+        # compiled: typed as object (both are ints), so both builds raise check_int's error.
+        io_parallelism = check_int("io_parallelism", io_parallelism, 1, _MAX_IO_PARALLELISM)
+        inline_read_keys = check_int("inline_read_keys", inline_read_keys, 0)
         if options is None:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):

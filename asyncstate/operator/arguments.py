@@ -22,6 +22,7 @@ __all__ = [
     "check_clock",
     "check_config",
     "check_function",
+    "check_operator_index",
     "check_output_list",
     "check_parallelism",
     "check_restore_from",
@@ -107,6 +108,14 @@ def check_timestamp(what: str, ts: Any) -> int:
     if type(ts) is not int or not (_MIN_TS <= ts <= _MAX_TS):
         raise ConfigError(what, ts, "an int of milliseconds in [-2**63, 2**63)")
     return ts
+
+
+def check_operator_index(parallelism: object, operator_index: object,
+                         max_parallelism: int) -> tuple[int, int]:
+    """(parallelism, operator_index) if they are ints in [1, max_parallelism] and
+    [0, parallelism - 1], else ConfigError."""
+    checked = check_int("parallelism", parallelism, 1, max_parallelism)
+    return checked, check_int("operator_index", operator_index, 0, checked - 1)
 
 
 def check_parallelism(parallelism: object) -> int:

@@ -51,9 +51,11 @@ class KeyedOperator:
                  backend: StateExecutor, config: AsyncStateConfig | None = None,
                  clock: Clock | None = None,
                  timestamp_selector: Callable[[Any], int | None] | None = None,
-                 parallelism: int = 1, operator_index: int = 0,
+                 parallelism: object = 1, operator_index: object = 0,
                  restore_from: str | os.PathLike[str] | None = None,
-                 output_list: list[Any] | None = None) -> None:
+                 output_list: object = None) -> None:
+        # compiled: typed as object (parallelism, operator_index: ints; output_list: a list
+        # or None), so both builds raise the errors of `arguments`.
         arguments.check_function(function)
         arguments.check_selector("key_selector", key_selector)
         arguments.check_selector("timestamp_selector", timestamp_selector, optional=True)
@@ -61,10 +63,10 @@ class KeyedOperator:
         arguments.check_clock(clock)
         self.restore_from = arguments.check_restore_from(restore_from)
         self.config = config = arguments.check_config(config)
+        self.parallelism, self.operator_index = arguments.check_operator_index(
+            parallelism, operator_index, config.max_parallelism)
         self.key_group_range = compute_key_group_range_for_operator_index(
-            config.max_parallelism, parallelism, operator_index)
-        self.parallelism = parallelism
-        self.operator_index = operator_index
+            config.max_parallelism, self.parallelism, self.operator_index)
         self.function = function
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._key_selector = key_selector

@@ -47,8 +47,8 @@ def run(function: KeyedProcessFunction | Callable[[], KeyedProcessFunction],
         timestamp_selector: Callable[[Any], int | None] | None = None,
         backend: StateExecutor | BackendFactory | None = None,
         config: AsyncStateConfig | None = None, clock: Clock | None = None,
-        parallelism: int = 1, checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_id: int | None = None,
+        parallelism: object = 1, checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_id: object = None,
         restore_from: str | os.PathLike[str] | None = None) -> list[Any]:
     """Run `function` over `records` on a fresh event loop; the emitted values in order.
 
@@ -64,18 +64,20 @@ def run(function: KeyedProcessFunction | Callable[[], KeyedProcessFunction],
         raise InvalidStateError(
             "ast.run() cannot be called from a running event loop; inside async code use "
             "`async with ast.KeyedOperator(...) as op: await op.process(record)`")
-    arguments.check_parallelism(parallelism)
+    # compiled: typed as object (parallelism, checkpoint_id: ints), so both builds raise
+    # the errors of `arguments`.
+    n = arguments.check_parallelism(parallelism)
     checkpoint = arguments.check_run_checkpoint(checkpoint_dir, checkpoint_id)
-    functions = arguments.check_run_functions(function, parallelism)
-    backends = arguments.check_run_backends(backend, parallelism)
+    functions = arguments.check_run_functions(function, n)
+    backends = arguments.check_run_backends(backend, n)
     outputs: list[Any] = []
     operators = [
         KeyedOperator(functions[i], key_selector=key_selector,
                       backend=_or_heap(backends[i]),
                       config=config, clock=clock, timestamp_selector=timestamp_selector,
-                      parallelism=parallelism, operator_index=i, restore_from=restore_from,
+                      parallelism=n, operator_index=i, restore_from=restore_from,
                       output_list=outputs)
-        for i in range(parallelism)]
+        for i in range(n)]
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         runner.run(_run(operators, records, key_selector, checkpoint))
     return outputs

@@ -70,17 +70,19 @@ _get_running_loop: Final = asyncio._get_running_loop  # compiled: Final alias
 class AsyncExecutionController:
     """Per-operator coordinator between user code and a `StateExecutor` (see module doc)."""
 
-    def __init__(self, executor: StateExecutor, *, batch_size: int, buffer_timeout_ms: int,
-                 max_in_flight: int, max_parallelism: int = 128,
-                 iterator_chunk_size: int = DEFAULT_ITERATOR_CHUNK_SIZE,
+    def __init__(self, executor: StateExecutor, *, batch_size: object,
+                 buffer_timeout_ms: object, max_in_flight: object, max_parallelism: object = 128,
+                 iterator_chunk_size: object = DEFAULT_ITERATOR_CHUNK_SIZE,
                  timeout_scheduler: TimeoutScheduler | None = None,
                  time_records: bool = False) -> None:
+        # compiled: typed as object (the limits are ints), so both builds raise check_int's
+        # ConfigError.
         self.batch_size = check_int("batch_size", batch_size, 1)
-        check_int("buffer_timeout_ms", buffer_timeout_ms, 0)
+        timeout_ms = check_int("buffer_timeout_ms", buffer_timeout_ms, 0)
         self.max_in_flight = check_int("max_in_flight", max_in_flight, 1)
         self.max_parallelism = check_int("max_parallelism", max_parallelism, 1,
                                          MAX_MAX_PARALLELISM)
-        check_int("iterator_chunk_size", iterator_chunk_size, 1)
+        chunk_size = check_int("iterator_chunk_size", iterator_chunk_size, 1)
         loop = _get_running_loop()
         self._loop = loop
         self._executor = executor
@@ -89,7 +91,7 @@ class AsyncExecutionController:
             and executor.completes_at_issue else None
         self._immediate = immediate
         self._immediate_ops = immediate.immediate_ops if immediate is not None else None
-        self._buffer = StateRequestBuffer(buffer_timeout_ms, self._on_buffer_timeout,
+        self._buffer = StateRequestBuffer(timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
         self._time_records = time_records  # note when each context takes its key
@@ -112,11 +114,11 @@ class AsyncExecutionController:
         self.max_batch_size = 0
         self.batches_in_executor = 0
         executor.open(ExecutorBinding(loop=loop, deliver=self._deliver,
-                                      iterator_chunk_size=iterator_chunk_size,
-                                      max_parallelism=max_parallelism))
-        log.debug("controller.created", batch_size=batch_size,
-                  buffer_timeout_ms=buffer_timeout_ms, max_in_flight=max_in_flight,
-                  max_parallelism=max_parallelism, executor=type(executor).__name__)
+                                      iterator_chunk_size=chunk_size,
+                                      max_parallelism=self.max_parallelism))
+        log.debug("controller.created", batch_size=self.batch_size,
+                  buffer_timeout_ms=timeout_ms, max_in_flight=self.max_in_flight,
+                  max_parallelism=self.max_parallelism, executor=type(executor).__name__)
 
     def __repr__(self) -> str:
         return (f"<AsyncExecutionController in_flight={self._in_flight}/{self.max_in_flight} "
