@@ -58,10 +58,17 @@ CASES = {
     "combine_all": "ast.combine_all(5)",
     "then_apply": "ast.completed_future(1).then_apply(5).result()",
     "checkpoint_path": "ast.checkpoint_path('x', '1')",
+    "operator parallelism bool": "ast.KeyedOperator(Fn(), key_selector=key, "
+                                 "backend=ast.HeapBackend(), parallelism=True)",
+    # Awaited inside an open KeyedOperator `op`:
+    "watermark bool": "await op.advance_watermark(True)",
+    "watermark str": "await op.advance_watermark('1')",
+    "processing time float": "await op.advance_processing_time(1.0)",
+    "snapshot id": "await op.snapshot(path, '1')",
 }
 
 _PROBE = r"""
-import json, sys, tempfile
+import asyncio, json, sys, tempfile
 import asyncstate as ast
 from asyncstate import _compiled
 
@@ -72,11 +79,19 @@ class Fn(ast.KeyedProcessFunction):
 def key(record):
     return record
 
+async def in_operator(expression, path):
+    async with ast.KeyedOperator(Fn(), key_selector=key, backend=ast.HeapBackend(),
+                                 clock=ast.ManualClock()) as op:
+        await eval(expression, {"op": op, "path": path})
+
 out = {"mode": _compiled.mode(), "errors": {}}
 for name, statement in json.loads(sys.argv[1]).items():
     path = tempfile.mkdtemp(prefix="asyncstate-args-")
     try:
-        exec(statement)
+        if statement.startswith("await "):
+            asyncio.run(in_operator(statement[len("await "):], path))
+        else:
+            exec(statement)
         out["errors"][name] = None
     except Exception as exc:
         out["errors"][name] = [type(exc).__name__, str(exc).replace(path, "<path>")]

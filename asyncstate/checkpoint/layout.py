@@ -61,10 +61,11 @@ def _read_regular_file(path: str, limit: int = _MAX_MANIFEST_BYTES) -> bytes:
 _DATA_RE = re.compile(r"data-[0-9A-Za-z_-]{1,128}\.bin")
 
 
-def checkpoint_path(directory: str | os.PathLike[str], checkpoint_id: int) -> str:
-    """Path of checkpoint `checkpoint_id` under `directory`: ``<directory>/chk-<id>``."""
-    check_int("checkpoint_id", checkpoint_id, 0)
-    return os.path.join(os.fspath(directory), f"chk-{checkpoint_id}")
+def checkpoint_path(directory: str | os.PathLike[str], checkpoint_id: object) -> str:
+    """Path of checkpoint `checkpoint_id` (an int >= 0) under `directory`:
+    ``<directory>/chk-<id>``."""
+    checked = check_int("checkpoint_id", checkpoint_id, 0)
+    return os.path.join(os.fspath(directory), f"chk-{checked}")
 
 
 def part_name(parallelism: int, operator_index: int) -> str:

@@ -272,13 +272,13 @@ class KeyedOperator:
         assert gate is not None
         await controller.wait_until(lambda: gate.in_flight == 0)
 
-    async def advance_watermark(self, timestamp: int) -> None:
+    async def advance_watermark(self, timestamp: object) -> None:
         """Advance event time; returns after every earlier record has finished and every
         timer it fired has completed."""
         self._ready_to_wait("advance_watermark()")
         await self._started(self._progress).advance_watermark(timestamp)
 
-    async def advance_processing_time(self, timestamp: int) -> None:
+    async def advance_processing_time(self, timestamp: object) -> None:
         """Set the ManualClock to `timestamp`; returns after every earlier record finished
         and every timer it fired has completed."""
         self._ready_to_wait("advance_processing_time()")
@@ -290,7 +290,7 @@ class KeyedOperator:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: int) -> str:
+    async def snapshot(self, directory: str | os.PathLike[str], checkpoint_id: object) -> str:
         """Drain, then write this operator's part of checkpoint `checkpoint_id` under
         `directory`; returns the checkpoint's path (the same for every operator).
 

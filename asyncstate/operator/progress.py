@@ -50,20 +50,20 @@ class TimeProgress:
     def __repr__(self) -> str:
         return f"<TimeProgress watermark={self.watermark}>"
 
-    async def advance_watermark(self, timestamp: int) -> None:
+    async def advance_watermark(self, timestamp: object) -> None:
         """Advance event time to `timestamp` (a lower one changes nothing) once every
         earlier record has finished; returns after the timers it fired have finished."""
-        check_timestamp("watermark", timestamp)
+        watermark = check_timestamp("watermark", timestamp)
 
         def action() -> None:
-            if timestamp > self.watermark:
-                self.watermark = timestamp
+            if watermark > self.watermark:
+                self.watermark = watermark
                 if self.timers is not None:
-                    self.timers.fire_event_time(timestamp)
+                    self.timers.fire_event_time(watermark)
 
         await self._advance(action)
 
-    async def advance_processing_time(self, now: int) -> None:
+    async def advance_processing_time(self, now: object) -> None:
         """Set the ManualClock to `now`, then fire the processing-time timers due at `now`
         once every earlier record has finished; returns after they finished."""
         clock = self._clock
@@ -71,12 +71,12 @@ class TimeProgress:
             raise InvalidStateError(
                 "advance_processing_time() needs the operator to run on an ast.ManualClock "
                 f"(clock=ast.ManualClock()), not {type(clock).__name__}")
-        check_timestamp("processing time", now)
-        clock.set(now)
+        time = check_timestamp("processing time", now)
+        clock.set(time)
 
         def action() -> None:
             if self.timers is not None:
-                self.timers.fire_processing_time(now)
+                self.timers.fire_processing_time(time)
 
         await self._advance(action)
 
