@@ -37,7 +37,8 @@ STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the com
 
 # The per-record path: futures, contexts, the controller and its parts, the coroutine
 # driver, the states (they share one compiled base class), key and value encoding, the
-# heap and RocksDB backends, and the operator that starts records. `runtime/stepping.py` and
+# heap and RocksDB backends, the operator that starts records, and the timer queues (their
+# classes inherit from each other natively, so all of them or none). `runtime/stepping.py` and
 # `packed.py` stay interpreted on purpose (see their docstrings).
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
@@ -59,6 +60,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.state.map",
     "asyncstate.state.merging",
     "asyncstate.state.value",
+    "asyncstate.timers.base",
+    "asyncstate.timers.batch",
+    "asyncstate.timers.heap",
+    "asyncstate.timers.heap_set",
+    "asyncstate.timers.partitioned",
+    "asyncstate.timers.rocksdb_set",
+    "asyncstate.timers.timer",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
