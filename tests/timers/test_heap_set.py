@@ -37,14 +37,14 @@ def full_set() -> HeapPriorityQueueSet:
 @given(ops=op_lists)
 def test_random_operations_match_a_sorted_set_model(make: Any, ops: list[Any]) -> None:
     queue = make()
-    model = run_against_model(queue, ops)
+    model, queue = run_against_model(queue, ops)
     assert drain(queue) == sorted(model)
 
 
 @given(ops=op_lists)
 def test_subsets_per_key_group_hold_exactly_that_key_groups_timers(ops: list[Any]) -> None:
     queue = full_set()
-    model = run_against_model(queue, ops)
+    model, queue = run_against_model(queue, ops)
     timers = list(queue)
     for key_group in range(MAX_PARALLELISM):
         subset = queue.get_subset_for_key_group(key_group)

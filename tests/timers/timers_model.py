@@ -44,28 +44,31 @@ def identity(timer: InternalTimer) -> Identity:
     return (timer.timestamp, timer.key_bytes, timer.namespace_bytes)
 
 
-def new_timer(timestamp: int, key: Any, namespace: Any) -> InternalTimer:
-    return make_timer(timestamp, key, MAX_PARALLELISM, namespace)
+def new_timer(timestamp: int, key: Any, namespace: Any,
+              max_parallelism: int = MAX_PARALLELISM) -> InternalTimer:
+    return make_timer(timestamp, key, max_parallelism, namespace)
 
 
 def run_against_model(queue: Any, ops: Sequence[tuple[Any, ...]],
-                      between: Callable[[Any], Any] | None = None) -> set[Identity]:
+                      other: Callable[[Any, tuple[Any, ...]], Any] | None = None,
+                      max_parallelism: int = MAX_PARALLELISM) -> tuple[set[Identity], Any]:
     """Apply `ops` to `queue` (any timer queue set) and to a set of identities, checking
     every answer: add/remove report a changed head exactly when the model's head changed
     to/from that timer, peek and poll give the model's smallest timer, and len follows.
-    `between(queue)`, if given, runs after each op and returns the queue to go on with
-    (a reopened one). Returns the model at the end."""
+    An op of another kind goes to `other(queue, op)`, which returns the queue to go on with
+    (a reopened one). Timers are cut into `max_parallelism` key groups. Returns the model
+    and the queue at the end."""
     model: set[Identity] = set()
     for op in ops:
         if op[0] == ADD:
-            timer = new_timer(*op[1:])
+            timer = new_timer(*op[1:], max_parallelism)
             ident = identity(timer)
             old_head = min(model) if model else None
             new = ident not in model
             model.add(ident)
             assert queue.add(timer) is (new and (old_head is None or ident < old_head)), op
         elif op[0] == REMOVE:
-            timer = new_timer(*op[1:])
+            timer = new_timer(*op[1:], max_parallelism)
             ident = identity(timer)
             was_head = bool(model) and ident == min(model)
             model.discard(ident)
@@ -76,28 +79,29 @@ def run_against_model(queue: Any, ops: Sequence[tuple[Any, ...]],
                 head = min(model)
                 model.remove(head)
                 assert polled is not None and identity(polled) == head
-                check_fields(polled)
+                check_fields(polled, max_parallelism)
             else:
                 assert polled is None
-        else:
+        elif op[0] == PEEK:
             peeked = queue.peek()
             if model:
                 assert peeked is not None and identity(peeked) == min(model)
-                check_fields(peeked)
+                check_fields(peeked, max_parallelism)
             else:
                 assert peeked is None
-        if between is not None:
-            queue = between(queue)
+        else:
+            assert other is not None, op
+            queue = other(queue, op)
         assert len(queue) == len(model)
         assert queue.is_empty() is (not model)
     assert sorted(identity(t) for t in queue) == sorted(model)
-    return model
+    return model, queue
 
 
-def check_fields(timer: InternalTimer) -> None:
+def check_fields(timer: InternalTimer, max_parallelism: int = MAX_PARALLELISM) -> None:
     """The key, its bytes and its key group agree (a decoded timer included)."""
     assert canonical_key(timer.key) == timer.key_bytes
-    assert timer.key_group == new_timer(0, timer.key, None).key_group
+    assert timer.key_group == new_timer(0, timer.key, None, max_parallelism).key_group
 
 
 def drain(queue: Any) -> list[Identity]:
