@@ -20,7 +20,10 @@ the cache, and the store is read only to refill the cache once it is empty. Inva
    instead of stepping over them on every refill. (While the cache holds timers, the first
    cached one is where the store's timers start: 1 and 2.)
 
-A decoded copy of the head (the peek cache) spares decoding it again on each `peek`.
+Beside each cached byte form sits its timer, or None until it is needed (Flink's peek cache
+of the decoded head, kept for every cached timer): a timer added through the cache comes
+back out as the same instance, without a decoding, and one read from the store is decoded
+once, when it becomes the head.
 
 All reads and writes run on the caller's thread, as Flink's timer service does on the task
 thread: a refill reads at most `cache_size` + 1 keys. Scans go through
@@ -56,8 +59,8 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
     start with its key group. A set built on a store that already holds timers of its key
     group (a reopened database) serves them."""
 
-    __slots__ = ("_store", "_key_group", "_prefix", "_upper", "_cache", "_cache_size",
-                 "_seek_hint", "_peek", "_all_in_cache", "_write_options")
+    __slots__ = ("_store", "_key_group", "_prefix", "_upper", "_cache", "_timers",
+                 "_cache_size", "_seek_hint", "_all_in_cache", "_write_options")
 
     def __init__(self, store: Any, key_group: int, *, cache_size: int = DEFAULT_CACHE_SIZE,
                  write_options: Any = None) -> None:
@@ -70,8 +73,8 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
         self._cache_size = cache_size
         self._write_options = write_options
         self._cache: list[bytes] = []  # byte forms, ascending
+        self._timers: list[InternalTimer | None] = []  # the timer of each, once decoded
         self._seek_hint = self._prefix
-        self._peek: InternalTimer | None = None
         self._all_in_cache = False  # unknown until the first refill
 
     def __repr__(self) -> str:
@@ -102,20 +105,19 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
         size = self._cache_size
         items = _scan_items(self._store, self._seek_hint + b"\x00", self._upper, size + 1)
         self._cache = [key for key, _ in items[:size]]
+        self._timers = [None] * len(self._cache)
         self._all_in_cache = len(items) <= size
-        self._peek = None
 
     def peek(self) -> InternalTimer | None:
         self._refill()
-        peeked = self._peek
-        if peeked is not None:
-            return peeked
-        cache = self._cache
-        if not cache:
+        if not self._cache:
             return None
-        peeked = decode_timer(cache[0])
-        self._peek = peeked
-        return peeked
+        timers = self._timers
+        head = timers[0]
+        if head is None:
+            head = decode_timer(self._cache[0])
+            timers[0] = head
+        return head
 
     def poll(self) -> InternalTimer | None:
         self._refill()
@@ -123,14 +125,11 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
         if not cache:
             return None
         first = cache.pop(0)
+        timer = self._timers.pop(0)
         self._store.delete(first, self._write_options)
         if not cache:
             self._seek_hint = first
-        timer = self._peek
-        if timer is None:
-            return decode_timer(first)
-        self._peek = None
-        return timer
+        return decode_timer(first) if timer is None else timer
 
     def add(self, element: InternalTimer) -> bool:
         """Add `element` unless an equal timer is in the set; True if it is the new head."""
@@ -145,13 +144,12 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
                 return False  # already in the set (and so in the store)
             if full:
                 cache.pop()  # now only in the store
+                self._timers.pop()
                 self._all_in_cache = False
             cache.insert(index, data)
+            self._timers.insert(index, element)
             self._store.put(data, _EMPTY, self._write_options)
-            if index == 0:
-                self._peek = element
-                return True
-            return False
+            return index == 0
         if cache and data == cache[-1]:
             return False
         # Sorts after every cached timer: the store alone holds it (it may already).
@@ -170,17 +168,13 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
         index = bisect_left(cache, data)
         if index < len(cache) and cache[index] == data:
             del cache[index]
+            del self._timers[index]
         elif self._all_in_cache or index < len(cache):
             return False  # sorts among the cached timers but is not one: not in the set
         self._store.delete(data, self._write_options)
         if not cache:
             self._seek_hint = data
-            self._peek = None
-            return True
-        if index == 0:
-            self._peek = None
-            return True
-        return False
+        return index == 0
 
     def add_all(self, elements: Iterable[InternalTimer]) -> None:
         for timer in elements:
@@ -215,13 +209,15 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
     def __iter__(self) -> Iterator[InternalTimer]:
         """The timers in priority order, decoded from the store (from the cache when it
         holds them all), as a list read up front."""
-        keys = self._cache[:] if self._all_in_cache else list(self._stored())
-        return iter([decode_timer(key) for key in keys])
+        if self._all_in_cache:
+            return iter([decode_timer(key) if timer is None else timer
+                         for key, timer in zip(self._cache, self._timers, strict=True)])
+        return iter([decode_timer(key) for key in self._stored()])
 
     def clear(self) -> None:
         """Remove every timer of the key group from the store and the cache."""
         self._store.delete_range(self._prefix, self._upper, self._write_options)
         self._cache = []
+        self._timers = []
         self._seek_hint = self._prefix
-        self._peek = None
         self._all_in_cache = True
