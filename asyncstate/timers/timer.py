@@ -143,13 +143,17 @@ def encode_timer(timer: InternalTimer) -> bytes:
             + timer.namespace_bytes)
 
 
-def decode_timer(data: bytes) -> InternalTimer:
-    """The timer `encode_timer` encoded as `data`. SerializationError if `data` is not one
-    (too short, a key or namespace that is not exactly one msgpack value)."""
-    if type(data) is not bytes or len(data) < _HEAD_SIZE + 2:
-        shown = f"{len(data)} bytes" if type(data) is bytes else type(data).__name__
-        raise SerializationError(f"encoded timer must be bytes of at least {_HEAD_SIZE + 2}, "
-                                 f"got {shown}", type_name=type(data).__name__)
+def decode_timer(encoded: object) -> InternalTimer:
+    """The timer `encode_timer` encoded as `encoded`. SerializationError if it is not one
+    (not bytes, too short, a key or namespace that is not exactly one msgpack value). (Typed
+    as object, so that the compiled build raises these errors, not its own.)"""
+    if type(encoded) is not bytes:
+        raise SerializationError(f"encoded timer must be bytes, got {type(encoded).__name__}",
+                                 type_name=type(encoded).__name__)
+    data: bytes = encoded
+    if len(data) < _HEAD_SIZE + 2:
+        raise SerializationError(f"encoded timer must be at least {_HEAD_SIZE + 2} bytes, got "
+                                 f"{len(data)}", type_name="bytes")
     key_group, biased = _HEAD.unpack_from(data)
     try:
         key_end = _skip(data, _HEAD_SIZE)
