@@ -102,6 +102,15 @@ class Bench:
             fields["max_in_flight"] = self.args.max_in_flight
         return ast.AsyncStateConfig(**fields)
 
+    def sizes(self) -> tuple[int, int, int, float]:
+        """(records, keys, repeats, seconds per run) of a time-bounded scenario: the command
+        line's, else 1 M records (200 K with --quick) over a tenth as many keys, best of 3
+        runs (1) of at most 30 s (10) each."""
+        args = self.args
+        records = args.records or (200_000 if self.quick else 1_000_000)
+        return (records, args.keys or (records // 10), args.repeats or (1 if self.quick else 3),
+                args.max_seconds or (10.0 if self.quick else 30.0))
+
     def environment(self) -> dict[str, Any]:
         """Interpreter, loop and machine, as printed above each table and stored in JSON."""
         env: dict[str, Any] = {
@@ -275,6 +284,60 @@ def run_rounds(bench: Bench, arms: dict[str, Callable[[float], RunResult]], *, r
     finally:
         bench.stop_progress()
     return runs, errors
+
+
+def ratio_table(bench: Bench, title: str, names: Sequence[str],
+                runs: dict[str, list[RunResult]], errors: dict[str, str], *, reference: str,
+                reference_word: str, goals: dict[str, float], unit: str,
+                bounded_unit: str) -> tuple[bool, dict[str, Any]]:
+    """Print one table of the arms `names`: best rate, ratio to the arm `reference`, goal
+    (a minimum ratio, from `goals`) and result, then the traceback of each crashed arm.
+    Returns whether every arm ran and answered right, and each arm's JSON figures."""
+    ref = best_of(runs[reference])
+    table = Table(title=title)
+    for column, justify in (("arm", "left"), (f"{unit}/s", "right"),
+                            (f"ratio to {reference_word}", "right"), ("goal", "right"),
+                            ("result", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    arms_json: dict[str, Any] = {}
+    all_ok = True
+    for name in names:
+        best = best_of(runs[name])
+        goal = goals.get(name)
+        ratio = best.rate / ref.rate if best is not None and ref is not None else None
+        wrong = [r for r in runs[name] if not r.answer_ok]
+        if name in errors:
+            result_text, passed = "[red]ERROR (traceback below)[/]", False
+        elif wrong:
+            result_text, passed = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]", False
+        elif goal is None:
+            result_text, passed = "answer ok", None
+        elif ratio is None:
+            result_text, passed = f"[yellow]no {reference_word} figure to compare[/]", None
+        else:
+            passed = ratio >= goal
+            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
+        if name in errors or wrong:
+            all_ok = False
+        if best is not None and best.bounded:
+            result_text += f" (time-bounded: {best.records:,} {bounded_unit})"
+        table.add_row(
+            name, fmt_rate(best.rate) if best is not None else "-",
+            f"{ratio:.2f}x" if ratio is not None else "-",
+            f">= {goal:.2f}x" if goal is not None else
+            ("reference" if name == reference else "-"),
+            result_text)
+        arms_json[name] = {
+            f"best_{unit}_per_s": best.rate if best is not None else None,
+            f"ratio_to_{reference_word}": ratio, f"goal_ratio_to_{reference_word}": goal,
+            "goal_passed": passed, "error": errors.get(name),
+            "runs": [dataclasses.asdict(r) | {f"{unit}_per_s": r.rate} for r in runs[name]],
+        }
+    bench.console.print(table)
+    for name, tb in errors.items():
+        bench.console.print(f"[red bold]{name} crashed:[/]")
+        bench.console.print(tb, markup=False, highlight=False)
+    return all_ok, arms_json
 
 
 # -- asyncstate through its public operator API ------------------------------------------
@@ -528,10 +591,7 @@ OVERHEAD_GOALS = {  # arm -> minimum ratio to the lean pipeline
 @scenario("overhead", "keyed counter, no latency: asyncstate vs the lean pipeline")
 def overhead(bench: Bench) -> dict[str, Any]:
     args = bench.args
-    n_records = args.records or (200_000 if bench.quick else 1_000_000)
-    n_keys = args.keys or (n_records // 10)
-    repeats = args.repeats or (1 if bench.quick else 3)
-    max_seconds = args.max_seconds or (10.0 if bench.quick else 30.0)
+    n_records, n_keys, repeats, max_seconds = bench.sizes()
     if n_keys < LEAN_FLUSH_EVERY:
         sys.exit(f"--keys must be >= {LEAN_FLUSH_EVERY}, got {n_keys}: the lean pipeline has "
                  f"no per-key ordering, so a key repeating inside one flush of "
@@ -584,50 +644,10 @@ def overhead(bench: Bench) -> dict[str, Any]:
 
     runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
                               records=n_records)
-    lean = best_of(runs["lean pipeline"])
-    table = Table(title=f"overhead: keyed counter, {n_records:,} records / {n_keys:,} keys "
-                        f"(best of {repeats})")
-    for column, justify in (("arm", "left"), ("records/s", "right"), ("ratio to lean", "right"),
-                            ("goal", "right"), ("result", "left")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    arms_json: dict[str, Any] = {}
-    all_ok = True
-    for name in arms:
-        best = best_of(runs[name])
-        goal = OVERHEAD_GOALS.get(name)
-        ratio = best.rate / lean.rate if best is not None and lean is not None else None
-        wrong = [r for r in runs[name] if not r.answer_ok]
-        if name in errors:
-            result_text, passed = "[red]ERROR (traceback below)[/]", False
-        elif wrong:
-            result_text, passed = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]", False
-        elif goal is None:
-            result_text, passed = "answer ok", None
-        elif ratio is None:
-            result_text, passed = "[yellow]no lean figure to compare[/]", None
-        else:
-            passed = ratio >= goal
-            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
-        if name in errors or wrong:
-            all_ok = False
-        if best is not None and best.bounded:
-            result_text += f" (time-bounded: {best.records:,} rec)"
-        table.add_row(
-            name, fmt_rate(best.rate) if best is not None else "-",
-            f"{ratio:.2f}x" if ratio is not None else "-",
-            f">= {goal:.2f}x" if goal is not None else
-            ("reference" if name == "lean pipeline" else "-"),
-            result_text)
-        arms_json[name] = {
-            "best_records_per_s": best.rate if best is not None else None,
-            "ratio_to_lean": ratio, "goal_ratio_to_lean": goal, "goal_passed": passed,
-            "error": errors.get(name),
-            "runs": [dataclasses.asdict(r) | {"records_per_s": r.rate} for r in runs[name]],
-        }
-    bench.console.print(table)
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    all_ok, arms_json = ratio_table(
+        bench, f"overhead: keyed counter, {n_records:,} records / {n_keys:,} keys "
+               f"(best of {repeats})", list(arms), runs, errors, reference="lean pipeline",
+        reference_word="lean", goals=OVERHEAD_GOALS, unit="records", bounded_unit="rec")
     return {"scenario": "overhead", "ok": all_ok, "params": params,
             "environment": bench.environment(), "arms": arms_json}
 
@@ -1248,10 +1268,7 @@ def queue_timers(bench: Bench, load: TimerLoad, deadline: float, queue: Any,
                     "timer queues")
 def timers(bench: Bench) -> dict[str, Any]:
     args = bench.args
-    n_timers = args.records or (200_000 if bench.quick else 1_000_000)
-    n_keys = args.keys or (n_timers // 10)
-    repeats = args.repeats or (1 if bench.quick else 3)
-    max_seconds = args.max_seconds or (10.0 if bench.quick else 30.0)
+    n_timers, n_keys, repeats, max_seconds = bench.sizes()
     if n_keys < TIMERS_WINDOW:
         sys.exit(f"--keys must be >= {TIMERS_WINDOW} (the timer window), got {n_keys}: with "
                  f"fewer keys two timers of one key could be equal and collapse")
@@ -1335,50 +1352,10 @@ def timers(bench: Bench) -> dict[str, Any]:
 
     runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
                               records=n_timers)
-    floor = best_of(runs[TIMERS_FLOOR])
-    table = Table(title=f"timers: register + fire {n_timers:,} timers / {n_keys:,} keys "
-                        f"(best of {repeats})")
-    for column, justify in (("arm", "left"), ("timers/s", "right"), ("ratio to heapq", "right"),
-                            ("goal", "right"), ("result", "left")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    arms_json: dict[str, Any] = {}
-    all_ok = True
-    for name in arms:
-        best = best_of(runs[name])
-        goal = TIMERS_GOALS.get(name)
-        ratio = best.rate / floor.rate if best is not None and floor is not None else None
-        wrong = [r for r in runs[name] if not r.answer_ok]
-        if name in errors:
-            result_text, passed = "[red]ERROR (traceback below)[/]", False
-        elif wrong:
-            result_text, passed = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]", False
-        elif goal is None:
-            result_text, passed = "answer ok", None
-        elif ratio is None:
-            result_text, passed = "[yellow]no heapq figure to compare[/]", None
-        else:
-            passed = ratio >= goal
-            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
-        if name in errors or wrong:
-            all_ok = False
-        if best is not None and best.bounded:
-            result_text += f" (time-bounded: {best.records:,} timers)"
-        table.add_row(
-            name, fmt_rate(best.rate) if best is not None else "-",
-            f"{ratio:.2f}x" if ratio is not None else "-",
-            f">= {goal:.2f}x" if goal is not None else
-            ("reference" if name == TIMERS_FLOOR else "-"),
-            result_text)
-        arms_json[name] = {
-            "best_timers_per_s": best.rate if best is not None else None,
-            "ratio_to_heapq": ratio, "goal_ratio_to_heapq": goal, "goal_passed": passed,
-            "error": errors.get(name),
-            "runs": [dataclasses.asdict(r) | {"timers_per_s": r.rate} for r in runs[name]],
-        }
-    bench.console.print(table)
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    all_ok, arms_json = ratio_table(
+        bench, f"timers: register + fire {n_timers:,} timers / {n_keys:,} keys "
+               f"(best of {repeats})", list(arms), runs, errors, reference=TIMERS_FLOOR,
+        reference_word="heapq", goals=TIMERS_GOALS, unit="timers", bounded_unit="timers")
     return {"scenario": "timers", "ok": all_ok, "params": params,
             "environment": bench.environment(), "arms": arms_json}
 
