@@ -46,6 +46,7 @@ __all__ = [
 MIN_TIMESTAMP: Final = -(2**63)
 MAX_TIMESTAMP: Final = 2**63 - 1
 _SIGN: Final = 2**63
+_SMALL: Final = 2**62 - 1
 _HEAD: Final = struct.Struct(">HQ")  # key group, timestamp with its sign bit flipped
 _HEAD_SIZE: Final = 10
 _KEY_GROUP: Final = struct.Struct(">H")
@@ -70,7 +71,9 @@ class InternalTimer(HeapPriorityQueueElement):
             raise TypeError(f"timer timestamp must be an int (milliseconds), got "
                             f"{type(timestamp).__name__} {timestamp!r}")
         ts: int = timestamp  # from here on a native int in the compiled build
-        if not MIN_TIMESTAMP <= ts <= MAX_TIMESTAMP:
+        # The bounds of int64 do not fit the compiled build's unboxed ints, so compare with
+        # them only beyond +-2**62, which do.
+        if (ts < -_SMALL or ts > _SMALL) and not MIN_TIMESTAMP <= ts <= MAX_TIMESTAMP:
             raise ValueError(f"timer timestamp must be in [-2**63, 2**63 - 1], got {ts}")
         if type(key_bytes) is not bytes or type(namespace_bytes) is not bytes:
             raise TypeError(
