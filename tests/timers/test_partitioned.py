@@ -60,7 +60,7 @@ def test_over_heap_sets_random_operations_match_a_sorted_set_model(ops: list[Any
     assert drain(queue) == sorted(model)
 
 
-@settings(max_examples=slow_examples(30), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=slow_examples(20), suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.one_of(timer_ops, st.just(("reopen",))), max_size=60),
        cache_size=st.integers(1, 3))
 def test_over_rocksdb_sets_random_operations_match_a_sorted_set_model(

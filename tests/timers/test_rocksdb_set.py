@@ -72,7 +72,7 @@ def one_group_timer(ts: int, key: Any = "k", namespace: Any = None) -> InternalT
 ops_with_reopen = st.lists(st.one_of(timer_ops, st.just(("reopen",))), max_size=60)
 
 
-@settings(max_examples=slow_examples(40), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=slow_examples(25), suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_with_reopen, cache_size=st.integers(1, 4))
 def test_random_operations_match_a_sorted_set_model(ops: list[Any], cache_size: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
@@ -96,7 +96,7 @@ def test_random_operations_match_a_sorted_set_model(ops: list[Any], cache_size: 
 
 @given(timestamps=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
        cache_size=st.integers(1, 5))
-@settings(max_examples=slow_examples(30), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=slow_examples(20), suppress_health_check=[HealthCheck.too_slow])
 def test_the_store_orders_timers_as_they_fire(timestamps: list[int], cache_size: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         db = open_db(directory)
