@@ -27,7 +27,9 @@ once, when it becomes the head.
 
 All reads and writes run on the caller's thread, as Flink's timer service does on the task
 thread: a refill reads at most `cache_size` + 1 keys. Scans go through
-`asyncstate.backends.rocksdb_scan`, so no iterator outlives a call.
+`asyncstate.backends.rocksdb_scan`, so no iterator outlives a call. Each change writes to
+the store before it changes the cache, so a write that fails (rocksdict raises it as is)
+leaves the set as it was.
 """
 
 from __future__ import annotations
@@ -124,9 +126,10 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
         cache = self._cache
         if not cache:
             return None
-        first = cache.pop(0)
-        timer = self._timers.pop(0)
+        first = cache[0]
         self._store.delete(first, self._write_options)
+        del cache[0]
+        timer = self._timers.pop(0)
         if not cache:
             self._seek_hint = first
         return decode_timer(first) if timer is None else timer
@@ -142,13 +145,13 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
             index = bisect_left(cache, data)
             if index < len(cache) and cache[index] == data:
                 return False  # already in the set (and so in the store)
+            self._store.put(data, _EMPTY, self._write_options)
             if full:
                 cache.pop()  # now only in the store
                 self._timers.pop()
                 self._all_in_cache = False
             cache.insert(index, data)
             self._timers.insert(index, element)
-            self._store.put(data, _EMPTY, self._write_options)
             return index == 0
         if cache and data == cache[-1]:
             return False
@@ -166,12 +169,13 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
             return False
         data = encode_timer(element)
         index = bisect_left(cache, data)
-        if index < len(cache) and cache[index] == data:
-            del cache[index]
-            del self._timers[index]
-        elif self._all_in_cache or index < len(cache):
+        cached = index < len(cache) and cache[index] == data
+        if not cached and (self._all_in_cache or index < len(cache)):
             return False  # sorts among the cached timers but is not one: not in the set
         self._store.delete(data, self._write_options)
+        if cached:
+            del cache[index]
+            del self._timers[index]
         if not cache:
             self._seek_hint = data
         return index == 0

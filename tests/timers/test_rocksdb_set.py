@@ -32,6 +32,10 @@ def db(tmp_path: Path) -> Iterator[rocksdict.Rdict]:
     store.close()
 
 
+class DiskFullError(Exception):
+    """A failing write (rocksdict raises RocksDB's failures as plain Exceptions)."""
+
+
 class CountingStore:
     """A real RocksDB database in front of which the set's calls are recorded."""
 
@@ -41,6 +45,11 @@ class CountingStore:
         self.puts = 0
         self.deletes = 0
         self.write_options: list[Any] = []  # the write options of every write
+        self.failing = False  # writes raise, as rocksdict does when RocksDB fails
+
+    def _maybe_fail(self) -> None:
+        if self.failing:
+            raise DiskFullError("IO error: No space left on device")
 
     def items(self, from_key: bytes, read_opt: Any) -> Any:
         self.scans.append(from_key)
@@ -50,11 +59,13 @@ class CountingStore:
         return self.db.iter(read_opt)
 
     def put(self, key: bytes, value: bytes, write_opt: Any = None) -> None:
+        self._maybe_fail()
         self.puts += 1
         self.write_options.append(write_opt)
         self.db.put(key, value, write_opt)
 
     def delete(self, key: bytes, write_opt: Any = None) -> None:
+        self._maybe_fail()
         self.deletes += 1
         self.write_options.append(write_opt)
         self.db.delete(key, write_opt)
@@ -128,6 +139,23 @@ def test_refills_happen_only_when_the_cache_empties_and_start_after_the_seek_hin
     # the ones before it are deleted, and their tombstones are not stepped over again.
     assert store.scans[1:] == [encode_timer(timers[i]) + b"\x00" for i in (2, 5, 8)]
     assert store.deletes == 10 and queue.all_elements_in_cache
+
+
+def test_a_failed_write_leaves_the_set_as_it_was(db: rocksdict.Rdict) -> None:
+    store = CountingStore(db)
+    queue = RocksDBPriorityQueueSet(store, 0, cache_size=2)
+    for ts in (2, 4, 6):
+        queue.add(one_group_timer(ts))
+    store.failing = True
+    for call in (lambda: queue.add(one_group_timer(1)), lambda: queue.add(one_group_timer(3)),
+                 lambda: queue.add(one_group_timer(9)), queue.poll,
+                 lambda: queue.remove(one_group_timer(2)),
+                 lambda: queue.remove(one_group_timer(6))):
+        with pytest.raises(DiskFullError):
+            call()
+        assert queue.peek() == one_group_timer(2)
+    store.failing = False
+    assert [t[0] for t in drain(queue)] == [2, 4, 6]
 
 
 def test_all_elements_in_cache_spares_reads_and_counts_from_the_cache(
