@@ -45,10 +45,10 @@ STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the com
 
 # The per-record path: futures, contexts, the controller and its parts, the coroutine
 # driver, the states (they share one compiled base class), key and value encoding (key
-# groups included), the heap and RocksDB backends, and the operator parts that admit and
-# start records.
-# `runtime/stepping.py`, `packed.py` and `operator/arguments.py` stay interpreted on purpose
-# (see their docstrings).
+# groups included), the heap and RocksDB backends, the operator parts that admit and start
+# records, and the timer queues (their classes inherit from each other natively, so all of
+# them or none). `runtime/stepping.py`, `packed.py` and `operator/arguments.py` stay
+# interpreted on purpose (see their docstrings).
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
     "asyncstate.backends.rocksdb",
@@ -73,6 +73,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.state.map",
     "asyncstate.state.merging",
     "asyncstate.state.value",
+    "asyncstate.timers.base",
+    "asyncstate.timers.batch",
+    "asyncstate.timers.heap",
+    "asyncstate.timers.heap_set",
+    "asyncstate.timers.partitioned",
+    "asyncstate.timers.rocksdb_set",
+    "asyncstate.timers.timer",
 )
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

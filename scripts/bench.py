@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import heapq
 import importlib.metadata
 import json
 import logging
@@ -31,6 +32,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+import rocksdict
 import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -38,6 +40,13 @@ from rich.table import Table
 
 import asyncstate as ast
 from asyncstate import _compiled
+from asyncstate.keygroups import KeyGroupRange, key_group_of_bytes
+from asyncstate.serde import NONE_BYTES, canonical_key
+from asyncstate.timers.batch import BatchExecutionPriorityQueueSet
+from asyncstate.timers.heap_set import HeapPriorityQueueSet
+from asyncstate.timers.partitioned import KeyGroupPartitionedPriorityQueue
+from asyncstate.timers.rocksdb_set import DEFAULT_CACHE_SIZE, RocksDBPriorityQueueSet
+from asyncstate.timers.timer import InternalTimer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench-results"
@@ -92,6 +101,15 @@ class Bench:
         if self.args.max_in_flight is not None:
             fields["max_in_flight"] = self.args.max_in_flight
         return ast.AsyncStateConfig(**fields)
+
+    def sizes(self) -> tuple[int, int, int, float]:
+        """(records, keys, repeats, seconds per run) of a time-bounded scenario: the command
+        line's, else 1 M records (200 K with --quick) over a tenth as many keys, best of 3
+        runs (1) of at most 30 s (10) each."""
+        args = self.args
+        records = args.records or (200_000 if self.quick else 1_000_000)
+        return (records, args.keys or (records // 10), args.repeats or (1 if self.quick else 3),
+                args.max_seconds or (10.0 if self.quick else 30.0))
 
     def environment(self) -> dict[str, Any]:
         """Interpreter, loop and machine, as printed above each table and stored in JSON."""
@@ -266,6 +284,60 @@ def run_rounds(bench: Bench, arms: dict[str, Callable[[float], RunResult]], *, r
     finally:
         bench.stop_progress()
     return runs, errors
+
+
+def ratio_table(bench: Bench, title: str, names: Sequence[str],
+                runs: dict[str, list[RunResult]], errors: dict[str, str], *, reference: str,
+                reference_word: str, goals: dict[str, float], unit: str,
+                bounded_unit: str) -> tuple[bool, dict[str, Any]]:
+    """Print one table of the arms `names`: best rate, ratio to the arm `reference`, goal
+    (a minimum ratio, from `goals`) and result, then the traceback of each crashed arm.
+    Returns whether every arm ran and answered right, and each arm's JSON figures."""
+    ref = best_of(runs[reference])
+    table = Table(title=title)
+    for column, justify in (("arm", "left"), (f"{unit}/s", "right"),
+                            (f"ratio to {reference_word}", "right"), ("goal", "right"),
+                            ("result", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    arms_json: dict[str, Any] = {}
+    all_ok = True
+    for name in names:
+        best = best_of(runs[name])
+        goal = goals.get(name)
+        ratio = best.rate / ref.rate if best is not None and ref is not None else None
+        wrong = [r for r in runs[name] if not r.answer_ok]
+        if name in errors:
+            result_text, passed = "[red]ERROR (traceback below)[/]", False
+        elif wrong:
+            result_text, passed = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]", False
+        elif goal is None:
+            result_text, passed = "answer ok", None
+        elif ratio is None:
+            result_text, passed = f"[yellow]no {reference_word} figure to compare[/]", None
+        else:
+            passed = ratio >= goal
+            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
+        if name in errors or wrong:
+            all_ok = False
+        if best is not None and best.bounded:
+            result_text += f" (time-bounded: {best.records:,} {bounded_unit})"
+        table.add_row(
+            name, fmt_rate(best.rate) if best is not None else "-",
+            f"{ratio:.2f}x" if ratio is not None else "-",
+            f">= {goal:.2f}x" if goal is not None else
+            ("reference" if name == reference else "-"),
+            result_text)
+        arms_json[name] = {
+            f"best_{unit}_per_s": best.rate if best is not None else None,
+            f"ratio_to_{reference_word}": ratio, f"goal_ratio_to_{reference_word}": goal,
+            "goal_passed": passed, "error": errors.get(name),
+            "runs": [dataclasses.asdict(r) | {f"{unit}_per_s": r.rate} for r in runs[name]],
+        }
+    bench.console.print(table)
+    for name, tb in errors.items():
+        bench.console.print(f"[red bold]{name} crashed:[/]")
+        bench.console.print(tb, markup=False, highlight=False)
+    return all_ok, arms_json
 
 
 # -- asyncstate through its public operator API ------------------------------------------
@@ -519,10 +591,7 @@ OVERHEAD_GOALS = {  # arm -> minimum ratio to the lean pipeline
 @scenario("overhead", "keyed counter, no latency: asyncstate vs the lean pipeline")
 def overhead(bench: Bench) -> dict[str, Any]:
     args = bench.args
-    n_records = args.records or (200_000 if bench.quick else 1_000_000)
-    n_keys = args.keys or (n_records // 10)
-    repeats = args.repeats or (1 if bench.quick else 3)
-    max_seconds = args.max_seconds or (10.0 if bench.quick else 30.0)
+    n_records, n_keys, repeats, max_seconds = bench.sizes()
     if n_keys < LEAN_FLUSH_EVERY:
         sys.exit(f"--keys must be >= {LEAN_FLUSH_EVERY}, got {n_keys}: the lean pipeline has "
                  f"no per-key ordering, so a key repeating inside one flush of "
@@ -575,50 +644,10 @@ def overhead(bench: Bench) -> dict[str, Any]:
 
     runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
                               records=n_records)
-    lean = best_of(runs["lean pipeline"])
-    table = Table(title=f"overhead: keyed counter, {n_records:,} records / {n_keys:,} keys "
-                        f"(best of {repeats})")
-    for column, justify in (("arm", "left"), ("records/s", "right"), ("ratio to lean", "right"),
-                            ("goal", "right"), ("result", "left")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    arms_json: dict[str, Any] = {}
-    all_ok = True
-    for name in arms:
-        best = best_of(runs[name])
-        goal = OVERHEAD_GOALS.get(name)
-        ratio = best.rate / lean.rate if best is not None and lean is not None else None
-        wrong = [r for r in runs[name] if not r.answer_ok]
-        if name in errors:
-            result_text, passed = "[red]ERROR (traceback below)[/]", False
-        elif wrong:
-            result_text, passed = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]", False
-        elif goal is None:
-            result_text, passed = "answer ok", None
-        elif ratio is None:
-            result_text, passed = "[yellow]no lean figure to compare[/]", None
-        else:
-            passed = ratio >= goal
-            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
-        if name in errors or wrong:
-            all_ok = False
-        if best is not None and best.bounded:
-            result_text += f" (time-bounded: {best.records:,} rec)"
-        table.add_row(
-            name, fmt_rate(best.rate) if best is not None else "-",
-            f"{ratio:.2f}x" if ratio is not None else "-",
-            f">= {goal:.2f}x" if goal is not None else
-            ("reference" if name == "lean pipeline" else "-"),
-            result_text)
-        arms_json[name] = {
-            "best_records_per_s": best.rate if best is not None else None,
-            "ratio_to_lean": ratio, "goal_ratio_to_lean": goal, "goal_passed": passed,
-            "error": errors.get(name),
-            "runs": [dataclasses.asdict(r) | {"records_per_s": r.rate} for r in runs[name]],
-        }
-    bench.console.print(table)
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    all_ok, arms_json = ratio_table(
+        bench, f"overhead: keyed counter, {n_records:,} records / {n_keys:,} keys "
+               f"(best of {repeats})", list(arms), runs, errors, reference="lean pipeline",
+        reference_word="lean", goals=OVERHEAD_GOALS, unit="records", bounded_unit="rec")
     return {"scenario": "overhead", "ok": all_ok, "params": params,
             "environment": bench.environment(), "arms": arms_json}
 
@@ -1132,6 +1161,203 @@ def checkpoint(bench: Bench) -> dict[str, Any]:
         bench.console.print(tb, markup=False, highlight=False)
     return {"scenario": "checkpoint", "ok": all_ok, "params": params,
             "environment": bench.environment(), "backends": backends_json}
+
+
+# -- timers: register and fire event-time timers ----------------------------------------------
+
+# Each record registers one event-time timer of its key, due up to TIMERS_WINDOW records later;
+# every TIMERS_FIRE_EVERY records the watermark moves to the current record and the due timers
+# fire; at the end the watermark moves to the maximum and the rest fires. So a queue holds
+# about TIMERS_WINDOW timers, as a stream with bounded timer delays keeps it, and the timers
+# fire in exactly their global order: (timestamp, key bytes, namespace bytes).
+TIMERS_MAX_PARALLELISM = 128
+TIMERS_WINDOW = 10_000
+TIMERS_FIRE_EVERY = 1_000
+TIMERS_FLOOR = "heapq on tuples"
+TIMERS_GOALS = {"HeapPriorityQueueSet": 0.5}  # arm -> minimum ratio to the heapq floor
+
+
+@dataclasses.dataclass
+class TimerLoad:
+    """Timer `i` is due at `timestamps[i]` under key `keys[i]` (0..n_keys-1), whose
+    canonical bytes and key group are `key_bytes[key]` and `key_groups[key]`."""
+
+    timestamps: list[int]
+    keys: list[int]
+    key_bytes: list[bytes]
+    key_groups: list[int]
+
+    def expected(self, fed: int) -> list[tuple[int, int]]:
+        """(timestamp, key) of the first `fed` timers in firing order."""
+        key_bytes = self.key_bytes
+        order = sorted(range(fed), key=lambda i: (self.timestamps[i], key_bytes[self.keys[i]]))
+        return [(self.timestamps[i], self.keys[i]) for i in order]
+
+
+def timer_load(n_timers: int, n_keys: int, seed: int, max_parallelism: int) -> TimerLoad:
+    rng = random.Random(seed)
+    key_bytes = [canonical_key(key) for key in range(n_keys)]
+    # Keys round-robin over a seeded shuffle: two timers of one key are n_keys records
+    # apart, more than the window, so no two timers are equal (none collapses).
+    return TimerLoad(
+        timestamps=[i + rng.randrange(TIMERS_WINDOW) for i in range(n_timers)],
+        keys=overhead_keys(n_timers, n_keys, seed),
+        key_bytes=key_bytes,
+        key_groups=[key_group_of_bytes(data, max_parallelism) for data in key_bytes])
+
+
+def heapq_timers(bench: Bench, load: TimerLoad, deadline: float,
+                 fired_ts: list[int], fired_keys: list[int]) -> int:
+    """The floor: (timestamp, key bytes, namespace bytes, key) tuples in a heapq list."""
+
+    heap: list[tuple[int, bytes, bytes, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    timestamps, keys, key_bytes = load.timestamps, load.keys, load.key_bytes
+    fire_ts, fire_key = fired_ts.append, fired_keys.append
+    fed, n, clock = 0, len(timestamps), time.perf_counter
+    while fed < n:
+        end = min(n, fed + CHUNK)
+        for i in range(fed, end):
+            key = keys[i]
+            push(heap, (timestamps[i], key_bytes[key], NONE_BYTES, key))
+            if i % TIMERS_FIRE_EVERY == TIMERS_FIRE_EVERY - 1:
+                while heap and heap[0][0] <= i:
+                    item = pop(heap)
+                    fire_ts(item[0])
+                    fire_key(item[3])
+        bench.tick(end - fed)
+        fed = end
+        if clock() >= deadline:
+            break
+    while heap:
+        item = pop(heap)
+        fire_ts(item[0])
+        fire_key(item[3])
+    return fed
+
+
+def queue_timers(bench: Bench, load: TimerLoad, deadline: float, queue: Any,
+                 fired_ts: list[int], fired_keys: list[int], key_groups: list[int]) -> int:
+    """The same load on one of asyncstate's timer queues (InternalTimers; `key_groups[key]`
+    is the key group each key's timers carry)."""
+    add, peek, poll = queue.add, queue.peek, queue.poll
+    timestamps, keys, key_bytes = load.timestamps, load.keys, load.key_bytes
+    fire_ts, fire_key = fired_ts.append, fired_keys.append
+    fed, n, clock = 0, len(timestamps), time.perf_counter
+    while fed < n:
+        end = min(n, fed + CHUNK)
+        for i in range(fed, end):
+            key = keys[i]
+            add(InternalTimer(timestamps[i], key, key_bytes[key], NONE_BYTES, key_groups[key]))
+            if i % TIMERS_FIRE_EVERY == TIMERS_FIRE_EVERY - 1:
+                while (head := peek()) is not None and head.timestamp <= i:
+                    poll()
+                    fire_ts(head.timestamp)
+                    fire_key(head.key)
+        bench.tick(end - fed)
+        fed = end
+        if clock() >= deadline:
+            break
+    while (head := poll()) is not None:
+        fire_ts(head.timestamp)
+        fire_key(head.key)
+    return fed
+
+
+@scenario("timers", "register and fire 1 M event-time timers over 100 K keys: heapq vs the "
+                    "timer queues")
+def timers(bench: Bench) -> dict[str, Any]:
+    args = bench.args
+    n_timers, n_keys, repeats, max_seconds = bench.sizes()
+    if n_keys < TIMERS_WINDOW:
+        sys.exit(f"--keys must be >= {TIMERS_WINDOW} (the timer window), got {n_keys}: with "
+                 f"fewer keys two timers of one key could be equal and collapse")
+    max_p = TIMERS_MAX_PARALLELISM
+    load = timer_load(n_timers, n_keys, args.seed, max_p)
+    in_group_zero = [0] * n_keys  # max_parallelism 1: every key is in key group 0
+    all_groups = KeyGroupRange(0, max_p - 1)
+    db_options, write_options = ast.RocksDBOptions().to_rocksdict()
+    expected_cache: dict[int, list[tuple[int, int]]] = {}
+
+    def check(fed: int, fired_ts: list[int], fired_keys: list[int]) -> tuple[bool, str]:
+        if fed not in expected_cache:
+            expected_cache.clear()
+            expected_cache[fed] = load.expected(fed)
+        expected = expected_cache[fed]
+        got = list(zip(fired_ts, fired_keys, strict=False))
+        if got == expected:
+            return True, f"{fed:,} timers fired in (timestamp, key bytes) order"
+        if len(got) != len(expected):
+            return False, f"{len(got):,} timers fired, {len(expected):,} registered"
+        at = next(i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b)
+        return False, f"firing #{at} was {got[at]}, expected {expected[at]}"
+
+    def arm(make: Callable[[Any], Any] | None, key_groups: list[int],
+            rocksdb: bool = False) -> Callable[[float], RunResult]:
+        """An arm building its queue with `make(db)` (db: a fresh RocksDB database if
+        `rocksdb`, else None), or the heapq floor if `make` is None."""
+        def run(deadline: float) -> RunResult:
+            fired_ts: list[int] = []
+            fired_keys: list[int] = []
+            with contextlib.ExitStack() as stack:
+                db = None
+                if rocksdb:
+                    directory = stack.enter_context(tempfile.TemporaryDirectory())
+                    db = rocksdict.Rdict(directory, db_options)
+                    stack.callback(db.close)
+                with GCWatch() as collector:
+                    started = time.perf_counter()
+                    if make is None:
+                        fed = heapq_timers(bench, load, deadline, fired_ts, fired_keys)
+                    else:
+                        fed = queue_timers(bench, load, deadline, make(db), fired_ts,
+                                           fired_keys, key_groups)
+                    seconds = time.perf_counter() - started
+            ok, detail = check(fed, fired_ts, fired_keys)
+            return RunResult(fed, seconds, fed < n_timers, ok, detail, collector.figures())
+        return run
+
+    def rocksdb_sets(db: Any) -> KeyGroupPartitionedPriorityQueue:
+        return KeyGroupPartitionedPriorityQueue(
+            lambda kg: RocksDBPriorityQueueSet(db, kg, write_options=write_options),
+            all_groups, max_p)
+
+    arms: dict[str, Callable[[float], RunResult]] = {
+        TIMERS_FLOOR: arm(None, load.key_groups),
+        "HeapPriorityQueueSet": arm(lambda db: HeapPriorityQueueSet(all_groups, max_p),
+                                    load.key_groups),
+        "BatchExecutionPriorityQueueSet": arm(lambda db: BatchExecutionPriorityQueueSet(),
+                                              load.key_groups),
+        "KeyGroupPartitioned, heap sets": arm(
+            lambda db: KeyGroupPartitionedPriorityQueue(
+                lambda kg: HeapPriorityQueueSet(KeyGroupRange(kg, kg), max_p), all_groups,
+                max_p), load.key_groups),
+        # One key group (max_parallelism 1): the RocksDB set alone, without the heap of heads.
+        "RocksDBPriorityQueueSet": arm(
+            lambda db: RocksDBPriorityQueueSet(db, 0, write_options=write_options),
+            in_group_zero, rocksdb=True),
+        "KeyGroupPartitioned, RocksDB sets": arm(rocksdb_sets, load.key_groups, rocksdb=True),
+        # The timer service end to end (heap and RocksDB) joins here: one arm per backend.
+    }
+    params = {"timers": n_timers, "keys": n_keys, "repeats": repeats,
+              "max_seconds_per_run": max_seconds, "seed": args.seed,
+              "max_parallelism": max_p, "window": TIMERS_WINDOW,
+              "fire_every": TIMERS_FIRE_EVERY, "rocksdb_cache_size": DEFAULT_CACHE_SIZE,
+              "rocksdb_options": dataclasses.asdict(ast.RocksDBOptions()),
+              "load": "timer i of key order[i % keys] (seeded shuffle) due at i + "
+                      "randrange(window); every fire_every timers the due ones fire"}
+    bench.console.print(f"[bold]timers[/]: register + fire {n_timers:,} event-time timers over "
+                        f"{n_keys:,} keys, best of {repeats}, at most {max_seconds:g} s per run")
+    bench.console.print(bench.describe_environment())
+
+    runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
+                              records=n_timers)
+    all_ok, arms_json = ratio_table(
+        bench, f"timers: register + fire {n_timers:,} timers / {n_keys:,} keys "
+               f"(best of {repeats})", list(arms), runs, errors, reference=TIMERS_FLOOR,
+        reference_word="heapq", goals=TIMERS_GOALS, unit="timers", bounded_unit="timers")
+    return {"scenario": "timers", "ok": all_ok, "params": params,
+            "environment": bench.environment(), "arms": arms_json}
 
 
 # -- command line ---------------------------------------------------------------------------
