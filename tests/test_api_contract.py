@@ -376,8 +376,6 @@ def test_documented_not_yet_features() -> None:
                 ctx.get_state(ast.ValueStateDescriptor("t", ttl=object()))
 
         def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
-            with pytest.raises(NotImplementedError):
-                ctx.timer_service  # noqa: B018
             ctx.emit(value)
 
     assert _run(T(), [1]) == [1]

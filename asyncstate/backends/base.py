@@ -30,6 +30,8 @@ checks once when it opens (`BackendCapabilities.of`), never by probing attribute
 - `RestorableBackend`: its state outlives the operator (a directory): a restore discards
   it first, marks the directory while it runs, and carries the list sequence numbers.
 - `WrappingBackend`: wraps another backend that holds the state (checkpoints go to it).
+- `TimerStoreBackend`: keeps the operator's timers in its own storage (RocksDB column
+  families) instead of in memory.
 
 `fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial
 batches are kept back (they grow) instead of being sent early for a waiter; full batches are
@@ -67,6 +69,7 @@ __all__ = [
     "RestorableBackend",
     "SnapshotBackend",
     "StateExecutor",
+    "TimerStoreBackend",
     "WrappingBackend",
 ]
 
@@ -181,6 +184,15 @@ class WrappingBackend(Protocol):
         """The backend holding the state: checkpoints are written from and restored into it."""
 
 
+@runtime_checkable
+class TimerStoreBackend(Protocol):
+    """A backend that can hold the operator's timers."""
+
+    def timer_store(self, name: str) -> Any:
+        """The store of the timers named `name` (for `asyncstate.timers.rocksdb_set`), or
+        None when this backend keeps timers in memory. Called after any restore's discard."""
+
+
 _SNAPSHOT_METHODS = ("registered_states", "register_state", "snapshot_key_group",
                      "restore_key_group")
 _MAX_WRAPPERS = 16
@@ -193,8 +205,8 @@ class BackendCapabilities:
     `immediate`: the backend as an `ImmediateExecutor` when it completes requests at issue
     time, else None. `store`: the backend holding the state for checkpoints (the backend
     itself, or the one a `WrappingBackend` wraps), None when it is no `SnapshotBackend`
-    (`missing` then names the methods it lacks). `grouped` and `restorable`: `store` as
-    those Protocols, or None.
+    (`missing` then names the methods it lacks). `grouped`, `restorable` and `timers`: the
+    backend holding the state as those Protocols, or None.
     """
 
     backend: StateExecutor
@@ -202,6 +214,7 @@ class BackendCapabilities:
     store: SnapshotBackend | None
     grouped: GroupedSnapshotBackend | None
     restorable: RestorableBackend | None
+    timers: TimerStoreBackend | None
     missing: tuple[str, ...]
 
     @classmethod
@@ -214,12 +227,13 @@ class BackendCapabilities:
             if not isinstance(held, WrappingBackend):
                 break
             held = held.checkpoint_backend
+        timers = held if isinstance(held, TimerStoreBackend) else None
         if isinstance(held, SnapshotBackend):
             return cls(backend, immediate, held,
                        held if isinstance(held, GroupedSnapshotBackend) else None,
-                       held if isinstance(held, RestorableBackend) else None, ())
+                       held if isinstance(held, RestorableBackend) else None, timers, ())
         missing = tuple(m for m in _SNAPSHOT_METHODS if not callable(getattr(held, m, None)))
-        return cls(backend, immediate, None, None, None, missing)
+        return cls(backend, immediate, None, None, None, timers, missing)
 
     def checkpoint_store(self, path: str) -> SnapshotBackend:
         """`store`, or CheckpointError naming the checkpoint at `path` and what is missing."""

@@ -45,6 +45,7 @@ from asyncstate.backends.rocksdb_layout import (
     _RESTORING_KEY,
     _SEQ,
     _SEQ_KEY,
+    _TIMER_CF_PREFIX,
     _prefix_end,
     _snapshot_entries,
 )
@@ -63,6 +64,7 @@ from asyncstate.backends.rocksdb_options import (
 from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
 from asyncstate.backends.rocksdb_options import _check_not_forked, _note_opened
 from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
+from asyncstate.backends.rocksdb_timers import TimerStore
 from asyncstate.config import MAX_MAX_PARALLELISM, check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
 from asyncstate.keygroups import KeyGroupRange
@@ -95,6 +97,7 @@ _MIN_PART_KEYS = 2048
 # cost the loop more than the multi-get itself (the break-even is in docs/performance.md).
 DEFAULT_INLINE_READ_KEYS = 16
 _RESTORE_BATCH_ENTRIES = 100_000
+_TIMER_PLACES = ("rocksdb", "heap")
 # Longest the loop thread blocks to hand the GIL to an idle I/O thread (see _start_reads).
 _HANDOVER_SECONDS = 0.001
 
@@ -162,7 +165,9 @@ class RocksDBBackend:
     `io_parallelism` is the number of pool threads that run multi-gets. A batch with at
     most `inline_read_keys` point reads runs them on the loop thread instead, because a
     thread hand-off costs more than that. 0 sends every read to the pool. `options` is a
-    `RocksDBOptions`.
+    `RocksDBOptions`. `timers`: where the operator's timers live, "rocksdb" (in the
+    directory, column families of their own, behind a small cache) or "heap" (in memory,
+    snapshotted with the state).
     """
 
     completes_at_issue = False
@@ -170,7 +175,7 @@ class RocksDBBackend:
     def __init__(self, path: str | os.PathLike[str], *,
                  io_parallelism: object = DEFAULT_IO_PARALLELISM,
                  inline_read_keys: object = DEFAULT_INLINE_READ_KEYS,
-                 options: RocksDBOptions | None = None) -> None:
+                 options: RocksDBOptions | None = None, timers: object = "rocksdb") -> None:
         # compiled: typed as object (both are ints), so both builds raise check_int's error.
         io_parallelism = check_int("io_parallelism", io_parallelism, 1, _MAX_IO_PARALLELISM)
         inline_read_keys = check_int("inline_read_keys", inline_read_keys, 0)
@@ -178,6 +183,10 @@ class RocksDBBackend:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):
             raise TypeError(f"options must be a RocksDBOptions, got {type(options).__name__}")
+        if timers not in _TIMER_PLACES:
+            raise ConfigError("timers", timers, '"rocksdb" or "heap"')
+        self._timers_in_db = timers == "rocksdb"
+        self._timer_stores: list[TimerStore] = []
         # The real path: RocksDB refuses a second open of a directory in this process by
         # its path, so a symlink or another spelling must not get around it.
         self._path = os.path.realpath(_directory(path))
@@ -191,7 +200,8 @@ class RocksDBBackend:
             existing = (rocksdict.Rdict.list_cf(self._path)
                         if os.path.exists(os.path.join(self._path, "CURRENT")) else [])
             families = {name: options.to_rocksdict()[0]
-                        for name in existing if name.startswith(_CF_PREFIX)}
+                        for name in existing
+                        if name.startswith(_CF_PREFIX) or name.startswith(_TIMER_CF_PREFIX)}
             self._db: rocksdict.Rdict | None = rocksdict.Rdict(
                 self._path, db_options, column_families=families or None)
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
@@ -442,6 +452,9 @@ class RocksDBBackend:
             handle.cf = None
             handle.cf_handle = None
         self._handles.clear()
+        for store in self._timer_stores:
+            store.release()
+        self._timer_stores.clear()
 
     # -- phase 1: plan (loop thread) -------------------------------------------------------
 
@@ -760,6 +773,25 @@ class RocksDBBackend:
         self._list_seq = 0
         log.info("rocksdb.state_discarded", path=self._path, states=dropped)
         return dropped
+
+    def timer_store(self, name: str) -> TimerStore | None:
+        """The column family of the timers named `name` (created if missing), or None when
+        this backend keeps timers in memory (`timers="heap"`)."""
+        if not self._timers_in_db:
+            return None
+        self._live_db()
+        self._check_usable()
+        cf_name = _TIMER_CF_PREFIX + name
+        try:  # no local for the database or a column family (see _release)
+            if cf_name not in self._families:
+                self._live_db().create_column_family(cf_name, self._options.to_rocksdict()[0])
+                self._families.add(cf_name)
+            store = TimerStore(self._live_db().get_column_family(cf_name), self._write_options,
+                               name, self._path)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise _translate_error(exc, self._path) from None
+        self._timer_stores.append(store)
+        return store
 
     def mark_restoring(self, restoring: bool) -> None:
         """Record that a restore is under way (before its discard_state), or that it has

@@ -27,6 +27,7 @@ from asyncstate.runtime.requests import StateKind
 __all__: list[str] = []
 
 _CF_PREFIX = "state:"
+_TIMER_CF_PREFIX = "timers:"
 _KIND_PREFIX = b"state-kind:"
 _SEQ_KEY = b"list-sequence"
 _MAX_P_KEY = b"max-parallelism"

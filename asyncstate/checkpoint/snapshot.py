@@ -41,6 +41,8 @@ from asyncstate.runtime.requests import StateKind
 
 __all__ = [
     "SECTION_STATE_ENTRIES",
+    "SectionHandler",
+    "SectionSource",
     "check_restorable",
     "restore_snapshot",
     "write_snapshot",

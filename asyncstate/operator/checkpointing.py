@@ -10,21 +10,31 @@ caller drains first, so no record is half done in it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from asyncstate.backends.base import BackendCapabilities
 from asyncstate.checkpoint.operator_state import RestoredExtras, read_operator_extras
 from asyncstate.checkpoint.reader import open_checkpoint
-from asyncstate.checkpoint.snapshot import check_restorable, restore_snapshot, write_snapshot
+from asyncstate.checkpoint.snapshot import (
+    SectionHandler,
+    SectionSource,
+    check_restorable,
+    restore_snapshot,
+    write_snapshot,
+)
 from asyncstate.keygroups import KeyGroupRange
 
 __all__ = ["restore", "write"]
 
 
 def restore(capabilities: BackendCapabilities, path: str, key_groups: KeyGroupRange,
-            max_parallelism: int) -> RestoredExtras:
+            max_parallelism: int,
+            open_sections: Callable[[], Mapping[int, SectionHandler]]) -> RestoredExtras:
     """Restore `key_groups` of the checkpoint at `path` into the backend; returns what the
-    runtime context needs of the checkpoint (operator state, state kinds)."""
+    runtime context needs of the checkpoint (operator state, state kinds).
+    `open_sections()`, called once the backend's old state is gone, returns the handlers of
+    the checkpoint's other sections (timers)."""
     checkpoint = open_checkpoint(path)  # checks the parts cover every key group
     extras = read_operator_extras(checkpoint)  # checked before any state moves
     check_restorable(checkpoint, key_groups, max_parallelism)
@@ -33,7 +43,8 @@ def restore(capabilities: BackendCapabilities, path: str, key_groups: KeyGroupRa
     if restorable is not None:
         restorable.mark_restoring(True)  # a restore failing from here leaves it refused
         restorable.discard_state()  # a directory used before: the checkpoint replaces it
-    restore_snapshot(store, checkpoint, key_groups, max_parallelism)
+    restore_snapshot(store, checkpoint, key_groups, max_parallelism,
+                     section_handlers=open_sections())
     if restorable is not None:
         restorable.set_list_sequence(extras.list_sequence)
         restorable.mark_restoring(False)
@@ -42,12 +53,14 @@ def restore(capabilities: BackendCapabilities, path: str, key_groups: KeyGroupRa
 
 def write(capabilities: BackendCapabilities, path: str, *, parallelism: int,
           operator_index: int, max_parallelism: int,
-          operator_state: dict[str, dict[str, Any]]) -> None:
+          operator_state: dict[str, dict[str, Any]],
+          extra_sections: SectionSource | None = None) -> None:
     """Write and commit this operator's part of the checkpoint at `path` (no record may be
-    in flight)."""
+    in flight); `extra_sections(key_group)` gives the other sections of a key group
+    (timers)."""
     store = capabilities.checkpoint_store(path)
     extra: dict[str, Any] = {"operator_state": operator_state}
     if capabilities.restorable is not None:
         extra["list_sequence"] = capabilities.restorable.list_sequence()
     write_snapshot(store, path, parallelism=parallelism, operator_index=operator_index,
-                   max_parallelism=max_parallelism, extra=extra)
+                   max_parallelism=max_parallelism, extra=extra, extra_sections=extra_sections)

@@ -17,6 +17,7 @@ from typing import Any, Final, TypeVar
 
 from asyncstate.backends.base import BackendCapabilities, StateExecutor
 from asyncstate.checkpoint.layout import checkpoint_path
+from asyncstate.checkpoint.snapshot import SectionHandler
 from asyncstate.clock import Clock, SystemClock
 from asyncstate.config import AsyncStateConfig
 from asyncstate.errors import InvalidStateError
@@ -34,6 +35,12 @@ from asyncstate.runtime import gc_threshold
 from asyncstate.runtime.context import RecordContext, current_context
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
+from asyncstate.timers.service import (
+    TimerService,
+    TimerServiceView,
+    timer_namespace,
+    timer_queue,
+)
 
 __all__ = ["KeyedOperator"]
 
@@ -83,6 +90,7 @@ class KeyedOperator:
         self._records: RecordRunner | None = None
         self._gate: AdmissionGate | None = None
         self._progress: TimeProgress | None = None
+        self._timers: TimerService | None = None
         self._watchdog: RecordWatchdog | None = None
 
     def __repr__(self) -> str:
@@ -111,14 +119,34 @@ class KeyedOperator:
         self._driver = UserCodeDriver(
             asyncio.get_running_loop(), controller.fail,
             needs_task(process_element) if always_task is None else always_task)
+        on_timer = getattr(self.function, "on_timer", None)
         self._records = RecordRunner(
-            self, process_element, self._key_selector, self._timestamp_selector, controller,
-            self._driver, self.key_group_range, config.max_parallelism, self.parallelism,
-            self.operator_index)
-        inbox = Inbox(controller, contextvars.copy_context(), self._records.run)
+            self, process_element, on_timer if callable(on_timer) else None,
+            self._key_selector, self._timestamp_selector, controller, self._driver,
+            contextvars.copy_context(), self.key_group_range, config.max_parallelism,
+            self.parallelism, self.operator_index)
+        inbox = Inbox(controller, self._records)
         self._gate = AdmissionGate(controller, inbox, config.max_in_flight, self._ready)
-        # Timers plug in here: `self._progress.timers` fires them as time advances.
         self._progress = TimeProgress(controller, inbox, self.clock)
+
+    def _open_timers(self) -> dict[int, SectionHandler]:
+        """Build the timer service (after a restore discarded the backend's old state; the
+        handlers returned restore the timer sections of a checkpoint)."""
+        progress, records = self._started(self._progress), self._started(self._records)
+        place = self._started(self._capabilities).timers
+        max_p = self.config.max_parallelism
+        self._timers = TimerService(
+            timer_queue(None if place is None else place.timer_store("event"),
+                        self.key_group_range, max_p),
+            timer_queue(None if place is None else place.timer_store("processing"),
+                        self.key_group_range, max_p),
+            make_context=records.timer_context, start=records.start_timer,
+            watermark=lambda: progress.watermark, clock=self.clock,
+            loop=asyncio.get_running_loop(),
+            owner=None if callable(getattr(self.function, "on_timer", None))
+            else type(self.function).__name__)
+        progress.timers = self._timers
+        return self._timers.section_handlers()
 
     async def __aenter__(self) -> KeyedOperator:
         if self._state != "new":
@@ -131,9 +159,13 @@ class KeyedOperator:
             gc_threshold.hold(self._gc_threshold)
         try:
             functions.bind(self.function, self)  # before anything is restored
-            restored = None if self.restore_from is None else checkpointing.restore(
-                self._capabilities, self.restore_from, self.key_group_range,
-                self.config.max_parallelism)
+            if self.restore_from is None:
+                restored = None
+                self._open_timers()
+            else:
+                restored = checkpointing.restore(
+                    self._capabilities, self.restore_from, self.key_group_range,
+                    self.config.max_parallelism, self._open_timers)
             self.runtime_context = RuntimeContext(
                 self._controller, self.backend, parallelism=self.parallelism,
                 operator_index=self.operator_index, restored=restored)
@@ -184,6 +216,8 @@ class KeyedOperator:
         opened, self._state = self._state != "new", "closed"
         if self._watchdog is not None:
             self._watchdog.stop()
+        if self._timers is not None:
+            self._timers.close()
         if opened:
             assert self._controller is not None and self._driver is not None
             self._controller.close()
@@ -253,9 +287,13 @@ class KeyedOperator:
         """Collect an emitted value (called through a record's ctx)."""
         self._outputs.append(value)
 
-    def timer_service_for(self, ctx: RecordContext) -> Any:
-        """The timer service of `ctx`'s key (not part of this operator yet)."""
-        raise NotImplementedError("timers are not available in this version of asyncstate")
+    def timer_service_for(self, ctx: RecordContext) -> TimerServiceView:
+        """The timer service of `ctx`'s key (what `ctx.timer_service` returns)."""
+        return TimerServiceView(self._started(self._timers), ctx)
+
+    def timer_namespace_for(self, ctx: RecordContext) -> Any:
+        """The namespace of the timer `ctx` fires (what `ctx.timer_namespace` returns)."""
+        return timer_namespace(ctx)
 
     def outputs(self) -> list[Any]:
         """Return and clear the values emitted so far, in emission order."""
@@ -309,7 +347,8 @@ class KeyedOperator:
                 self._capabilities, path, parallelism=self.parallelism,
                 operator_index=self.operator_index,
                 max_parallelism=self.config.max_parallelism,
-                operator_state=self.runtime_context.operator_state_snapshot())
+                operator_state=self.runtime_context.operator_state_snapshot(),
+                extra_sections=self._started(self._timers).snapshot_sections)
         finally:
             self._gate.release()
         return path

@@ -1,10 +1,10 @@
 """Event time and processing time of an operator, and the seam where due timers fire.
 
-Advancing the watermark (or a ManualClock's processing time) is an event that goes through
-the inbox, after every record admitted before it, and closes the open epoch: its action runs
-once every earlier record has finished; the timers it starts (each a sync point under its
-key) join the finishing epoch, so the advance returns only after they and their state work
-have finished too.
+Advancing the watermark (or a ManualClock's processing time) is a barrier in the inbox: it
+closes the open epoch after every record admitted before it; its action runs once every
+earlier record has finished; the timers it starts (each a sync point under its key) join the
+finishing epoch, so the advance returns only after they and their state work have finished
+too, and records admitted after it start only then.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from asyncstate.clock import Clock, ManualClock
-from asyncstate.errors import InvalidStateError
+from asyncstate.errors import ConfigError, InvalidStateError
 from asyncstate.operator.arguments import check_timestamp
 from asyncstate.operator.inbox import Inbox
 from asyncstate.runtime.controller import AsyncExecutionController
@@ -37,13 +37,14 @@ class DueTimers(Protocol):
 class TimeProgress:
     """The watermark and processing-time advances of one operator."""
 
-    __slots__ = ("_clock", "_controller", "_inbox", "timers", "watermark")
+    __slots__ = ("_clock", "_controller", "_inbox", "_processing_time", "timers", "watermark")
 
     def __init__(self, controller: AsyncExecutionController, inbox: Inbox,
                  clock: Clock) -> None:
         self._controller = controller
         self._inbox = inbox
         self._clock = clock
+        self._processing_time = MIN_WATERMARK  # the latest advance asked for
         self.watermark = MIN_WATERMARK
         self.timers: DueTimers | None = None
 
@@ -58,34 +59,46 @@ class TimeProgress:
         def action() -> None:
             if watermark > self.watermark:
                 self.watermark = watermark
-                if self.timers is not None:
-                    self.timers.fire_event_time(watermark)
+            # Also timers that records registered behind the watermark since the last
+            # advance: they fire at the next one, whatever its timestamp.
+            if self.timers is not None:
+                self.timers.fire_event_time(self.watermark)
 
         await self._advance(action)
 
     async def advance_processing_time(self, now: object) -> None:
-        """Set the ManualClock to `now`, then fire the processing-time timers due at `now`
-        once every earlier record has finished; returns after they finished."""
+        """Once every earlier record has finished, set the ManualClock to `now` and fire the
+        processing-time timers due; returns after they finished. Records admitted before the
+        call see the earlier time, records admitted after it the new one."""
         clock = self._clock
         if not isinstance(clock, ManualClock):
             raise InvalidStateError(
                 "advance_processing_time() needs the operator to run on an ast.ManualClock "
                 f"(clock=ast.ManualClock()), not {type(clock).__name__}")
         time = check_timestamp("processing time", now)
-        clock.set(time)
+        if time < max(clock.now_ms(), self._processing_time):
+            raise ConfigError("processing time", time,
+                              f">= {max(clock.now_ms(), self._processing_time)}: the clock "
+                              "never goes backwards")
+        self._processing_time = time
 
         def action() -> None:
+            clock.set(max(time, clock.now_ms()))
             if self.timers is not None:
-                self.timers.fire_processing_time(time)
+                self.timers.fire_processing_time(clock.now_ms())
 
         await self._advance(action)
 
     async def _advance(self, action: Callable[[], None]) -> None:
         done = [False]
-
-        def finished() -> None:
-            done[0] = True
-
         epochs = self._controller.epoch_manager
-        self._inbox.post_event(lambda: epochs.on_non_record(action, finished))
+
+        def start(release: Callable[[], None]) -> None:
+            def finished() -> None:
+                done[0] = True
+                release()
+
+            epochs.on_non_record(action, finished)
+
+        self._inbox.post_barrier(start)
         await self._controller.wait_until(lambda: done[0])

@@ -174,3 +174,9 @@ class RecordContext:
     def timer_service(self) -> Any:
         """The timer service, for this record's key."""
         return self._check().timer_service_for(self)
+
+    @property
+    def timer_namespace(self) -> Any:
+        """In on_timer: the namespace the firing timer was registered with (None: the
+        default); None outside on_timer."""
+        return self._check().timer_namespace_for(self)

@@ -43,21 +43,6 @@ class Epoch:
         return (f"<Epoch {self.epoch_id} {self.status.value} "
                 f"records={self.ongoing_record_count}>")
 
-    def try_finish(self) -> bool:
-        """Run the trigger action, then (when nothing is ongoing) the final action."""
-        if self.ongoing_record_count != 0:
-            return False
-        if self.status is EpochStatus.CLOSED:
-            self.status = EpochStatus.FINISHING
-            if self.trigger_action is not None:
-                self.trigger_action()
-        if self.ongoing_record_count == 0 and self.status is EpochStatus.FINISHING:
-            self.status = EpochStatus.FINISHED
-            if self.final_action is not None:
-                self.final_action()
-        return self.status is EpochStatus.FINISHED
-
-
 class EpochManager:
     """Assigns records to epochs and runs non-record actions in order."""
 
@@ -98,20 +83,33 @@ class EpochManager:
             self.try_finish_in_queue()
 
     def try_finish_in_queue(self) -> None:
-        """Finish closed epochs from the head of the queue while they can finish."""
+        """Finish closed epochs from the head of the queue while they can finish: a closed
+        epoch with no records left runs its trigger action (work it starts joins this epoch),
+        then, once that work is done too, its final action. A finished epoch leaves the queue
+        before its final action runs, so work the final action starts joins the open epoch
+        and an epoch it closes queues behind."""
         if self._recursive:
             return
         self._recursive = True
         try:
             queue = self.output_queue
             while queue:
-                self._finishing = queue[0]
-                try:
-                    finished = queue[0].try_finish()
-                finally:
-                    self._finishing = None
-                if not finished:
+                head = queue[0]
+                if head.ongoing_record_count != 0:
                     break
+                if head.status is EpochStatus.CLOSED:
+                    head.status = EpochStatus.FINISHING
+                    if head.trigger_action is not None:
+                        self._finishing = head
+                        try:
+                            head.trigger_action()
+                        finally:
+                            self._finishing = None
+                    if head.ongoing_record_count != 0:
+                        break
+                head.status = EpochStatus.FINISHED
                 queue.popleft()
+                if head.final_action is not None:
+                    head.final_action()
         finally:
             self._recursive = False

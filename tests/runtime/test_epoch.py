@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from asyncstate.runtime.epoch import EpochManager, EpochStatus
 
 
@@ -146,3 +148,25 @@ def test_actions_may_close_another_epoch_without_reentering() -> None:
     manager.complete_one_record(a)
     assert order == ["N0.f", "N-nested.f"]
     assert not manager.output_queue
+
+
+def test_work_a_final_action_starts_joins_the_open_epoch() -> None:
+    # A final action that starts records (the records a watermark held back) and closes
+    # another epoch (the next watermark): those records belong to the next epoch, which
+    # waits for them, not to the finished one.
+    manager = EpochManager()
+    order: list[str] = []
+    late: list[Any] = []
+
+    def final0() -> None:
+        order.append("N0.f")
+        late.append(manager.on_record())
+        manager.on_non_record(None, lambda: order.append("N1.f"))
+
+    a = manager.on_record()
+    manager.on_non_record(None, final0)
+    manager.complete_one_record(a)
+    assert order == ["N0.f"]
+    assert late[0] is not a and late[0].ongoing_record_count == 1
+    manager.complete_one_record(late[0])
+    assert order == ["N0.f", "N1.f"]

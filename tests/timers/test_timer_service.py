@@ -1,0 +1,354 @@
+"""The timer service: event- and processing-time timers fired under their keys, ordered with
+each key's records, through checkpoints and rescaling, on the heap and RocksDB."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from shared_functions import slow_examples
+
+import asyncstate as ast
+from asyncstate.serde import canonical_key
+
+BACKENDS = {
+    "heap": lambda path: ast.HeapBackend(),
+    "rocksdb": lambda path: ast.RocksDBBackend(path),
+    "rocksdb-heap-timers": lambda path: ast.RocksDBBackend(path, timers="heap"),
+    "remote0": lambda path: ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0),
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    counter = iter(range(1000))
+    return lambda: BACKENDS[request.param](tmp_path / f"db{next(counter)}")
+
+
+def key(record: Any) -> Any:
+    return record[0]
+
+
+def timestamp(record: Any) -> Any:
+    return record[1]
+
+
+def operator(fn: ast.KeyedProcessFunction, backend: Any, **kwargs: Any) -> ast.KeyedOperator:
+    return ast.KeyedOperator(fn, key_selector=kwargs.pop("key_selector", key),
+                             timestamp_selector=kwargs.pop("timestamp_selector", timestamp),
+                             backend=backend, **kwargs)
+
+
+class EventTimers(ast.KeyedProcessFunction):
+    """Each record (key, ts, [timer timestamps]) registers those event-time timers; on_timer
+    emits ("timer", key, ts) after reading and bumping a per-key state."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.fired = ctx.get_state(ast.ValueStateDescriptor("fired"))
+
+    def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+        for ts in record[2] if len(record) > 2 else ():
+            ctx.timer_service.register_event_time_timer(ts)
+        ctx.emit(("record", ctx.current_key, ctx.timestamp))
+
+    async def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+        n = (await self.fired.value() or 0) + 1
+        await self.fired.update(n)
+        assert ctx.time_domain is ast.TimeDomain.EVENT_TIME and ctx.timestamp == ts
+        ctx.emit(("timer", ctx.current_key, ts))
+
+
+async def test_flink_scenario_51_watermark_fires_one_key_s_timers_in_order(make_backend):
+    class Fn(ast.KeyedProcessFunction):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            ctx.timer_service.register_event_time_timer(int(record[1]))
+
+        def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            ctx.emit(f"EventTimer-{ctx.current_key}-{ts}")
+
+    async with operator(Fn(), make_backend(), timestamp_selector=None) as op:
+        for value in ("1", "3", "6", "9"):
+            await op.process((1, value))
+        await op.advance_watermark(10)
+        assert op.outputs() == ["EventTimer-1-1", "EventTimer-1-3", "EventTimer-1-6",
+                                "EventTimer-1-9"]
+        assert op.current_watermark() == 10
+
+
+async def test_timers_fire_in_order_with_the_key_s_records_around_a_watermark(make_backend):
+    async with operator(EventTimers(), make_backend()) as op:
+        await op.process(("k", 1, [5, 20]))
+        advance = asyncio.create_task(op.advance_watermark(10))
+        await asyncio.sleep(0)  # the advance is queued: records after it wait for its timers
+        await op.process(("k", 11, []))
+        await op.process(("j", 12, [12]))
+        await asyncio.wait_for(advance, 30)
+        await op.advance_watermark(30)
+        assert op.outputs() == [("record", "k", 1), ("timer", "k", 5), ("record", "k", 11),
+                                ("record", "j", 12), ("timer", "j", 12), ("timer", "k", 20)]
+
+
+async def test_one_key_s_timers_run_one_after_another_while_keys_overlap(make_backend):
+    gate = asyncio.Event()
+    events: list[str] = []
+
+    class Fn(ast.KeyedProcessFunction):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            for ts in record[2]:
+                ctx.timer_service.register_event_time_timer(ts)
+
+        async def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            events.append(f"start {ctx.current_key}{ts}")
+            if ts == 3:
+                await gate.wait()
+            events.append(f"end {ctx.current_key}{ts}")
+            if ts == 4:
+                gate.set()  # key j's timer ran while key k's first timer was still waiting
+
+    async with operator(Fn(), make_backend()) as op:
+        await op.process(("k", 0, [3, 5]))
+        await op.process(("j", 0, [4]))
+        await asyncio.wait_for(op.advance_watermark(10), 30)
+    assert events.index("end k3") < events.index("start k5")
+    assert events.index("start j4") < events.index("end k3")
+
+
+async def test_on_timer_deletes_and_registers_timers_of_its_key(make_backend):
+    class Fn(EventTimers):
+        async def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            if ts == 5:
+                ctx.timer_service.delete_event_time_timer(7)  # pending: never fires
+                ctx.timer_service.delete_event_time_timer(8)  # never registered: a no-op
+                ctx.timer_service.register_event_time_timer(6)  # covered: fires in this advance
+                ctx.timer_service.register_event_time_timer(15)  # fires at the next advance
+            await super().on_timer(ts, ctx)
+
+    async with operator(Fn(), make_backend()) as op:
+        await op.process(("k", 0, [5, 7, 7]))  # registering 7 twice keeps one
+        await op.advance_watermark(10)
+        assert op.outputs() == [("record", "k", 0), ("timer", "k", 5), ("timer", "k", 6)]
+        await op.advance_watermark(20)
+        assert op.outputs() == [("timer", "k", 15)]
+
+
+async def test_a_record_s_timer_behind_the_watermark_fires_at_the_next_advance(make_backend):
+    async with operator(EventTimers(), make_backend()) as op:
+        await op.advance_watermark(100)
+        await op.process(("k", 1, [50]))
+        await op.drain()
+        assert op.outputs() == [("record", "k", 1)]
+        await op.advance_watermark(90)  # behind the watermark: it does not move, timers fire
+        assert op.outputs() == [("timer", "k", 50)]
+        assert op.current_watermark() == 100
+
+
+async def test_equal_timestamps_of_many_keys_all_fire_in_one_order_on_every_backend(
+        make_backend):
+    class Fn(ast.KeyedProcessFunction):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            ctx.timer_service.register_event_time_timer(7)
+
+        def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            ctx.emit(ctx.current_key)
+
+    keys = ["b", 3, "a", b"x", 1.5, ("t", 1), None]
+    async with operator(Fn(), make_backend(), timestamp_selector=None) as op:
+        for k in keys:
+            await op.process((k,))
+        await op.advance_watermark(7)
+        fired = op.outputs()
+    assert fired == sorted(keys, key=canonical_key)
+
+
+async def test_processing_time_timers_fire_on_advance_with_a_manual_clock(make_backend):
+    class Fn(ast.KeyedProcessFunction):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            service = ctx.timer_service
+            assert service.current_processing_time() == 1_000
+            service.register_processing_time_timer(record[1], namespace=record[2])
+
+        def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            assert ctx.time_domain is ast.TimeDomain.PROCESSING_TIME
+            ctx.emit((ctx.current_key, ts, ctx.timer_namespace))
+
+    clock = ast.ManualClock(1_000)
+    async with operator(Fn(), make_backend(), clock=clock, timestamp_selector=None) as op:
+        await op.process(("a", 1_500, None))
+        await op.process(("b", 1_200, "w"))
+        await op.process(("a", 1_500, "w"))
+        await op.advance_processing_time(1_100)
+        assert op.outputs() == []
+        await op.advance_processing_time(1_500)
+        # Equal timestamps of one key fire in the order of their namespaces' canonical bytes.
+        assert op.outputs() == [("b", 1_200, "w"), ("a", 1_500, "w"), ("a", 1_500, None)]
+
+
+@pytest.mark.timeout(60)
+async def test_processing_time_timers_fire_from_the_wall_clock(make_backend):
+    fired = asyncio.Event()
+
+    class Fn(ast.KeyedProcessFunction):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            service = ctx.timer_service
+            service.register_processing_time_timer(service.current_processing_time() + 30)
+            service.register_processing_time_timer(service.current_processing_time() + 10**9)
+
+        def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            ctx.emit((ctx.current_key, ts))
+            fired.set()
+
+    async with operator(Fn(), make_backend(), timestamp_selector=None) as op:
+        await op.process(("k",))
+        await asyncio.wait_for(fired.wait(), 30)
+        [(k, ts)] = op.outputs()
+        assert k == "k" and ts < 10**9  # the far one is still pending
+
+
+def test_run_fires_every_event_time_timer_and_drops_processing_time_timers() -> None:
+    class Fn(EventTimers):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            ctx.timer_service.register_processing_time_timer(10**15)
+            super().process_element(record, ctx)
+
+    out = ast.run(Fn(), [("a", 1, [2**63 - 1, 5]), ("b", 2, [3])], key_selector=key,
+                  timestamp_selector=timestamp)
+    assert out == [("record", "a", 1), ("record", "b", 2), ("timer", "b", 3),
+                   ("timer", "a", 5), ("timer", "a", 2**63 - 1)]
+
+
+async def test_timer_service_outside_its_record_and_without_on_timer_raise(make_backend):
+    kept: list[Any] = []
+
+    class NoOnTimer(ast.KeyedProcessFunction):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            kept.append(ctx)
+            assert ctx.timer_service.current_watermark() == -(2**63)
+            with pytest.raises(ast.InvalidStateError,
+                               match=r"^NoOnTimer registers a timer but has no on_timer"):
+                ctx.timer_service.register_event_time_timer(5)
+
+    async with operator(NoOnTimer(), make_backend(), timestamp_selector=None) as op:
+        await op.process(("k",))
+        await op.drain()
+        with pytest.raises(ast.InvalidStateError, match="after that record finished"):
+            kept[0].timer_service  # noqa: B018
+
+
+async def test_a_failing_on_timer_fails_the_run(make_backend):
+    class Fn(EventTimers):
+        def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            raise ValueError(f"timer {ts}")
+
+    with pytest.raises(ValueError, match=r"^timer 5$"):
+        async with operator(Fn(), make_backend()) as op:
+            await op.process(("k", 0, [5]))
+            await op.advance_watermark(10)
+
+
+@pytest.mark.parametrize(("first", "second"), [("heap", "rocksdb"), ("rocksdb", "heap"),
+                                                ("rocksdb", "rocksdb-heap-timers")])
+async def test_pending_timers_survive_a_rescale_from_2_to_3(tmp_path: Path, first: str,
+                                                           second: str) -> None:
+    records = [(f"k{i}", i, [100 + i, 200 + i]) for i in range(40)]
+    max_p = 128
+    for index in range(2):
+        async with operator(EventTimers(), BACKENDS[first](tmp_path / f"a{index}"),
+                            parallelism=2, operator_index=index) as op:
+            for record in records:
+                if ast.operator_index_for_key(record[0], max_p, 2) == index:
+                    await op.process(record)
+            await op.advance_watermark(150)  # the 100s fire, the 200s stay pending
+            await op.snapshot(tmp_path / "chk", 1)
+    fired: dict[str, list[int]] = {}
+    for index in range(3):
+        async with operator(EventTimers(), BACKENDS[second](tmp_path / f"b{index}"),
+                            parallelism=3, operator_index=index,
+                            restore_from=ast.checkpoint_path(tmp_path / "chk", 1)) as op:
+            await op.advance_watermark(1_000)
+            for _, k, ts in op.outputs():
+                assert ast.operator_index_for_key(k, max_p, 3) == index
+                fired.setdefault(k, []).append(ts)
+    assert fired == {f"k{i}": [200 + i] for i in range(40)}
+
+
+# -- a sequential model ----------------------------------------------------------------------
+
+KEYS = ["a", "b", "c"]
+steps = st.lists(st.one_of(
+    st.tuples(st.just("record"), st.sampled_from(KEYS),
+              st.lists(st.tuples(st.sampled_from(["add", "delete"]), st.integers(0, 12)),
+                       max_size=3)),
+    st.tuples(st.just("watermark"), st.integers(0, 14)),
+), max_size=14)
+
+
+class Scripted(ast.KeyedProcessFunction):
+    """A record ("record", key, [(op, ts)]) adds/deletes event timers; on_timer emits the
+    firing and, for an odd timestamp, registers ts + 1 (fired in the same advance when the
+    watermark covers it)."""
+
+    def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+        service = ctx.timer_service
+        for op, ts in record[2]:
+            if op == "add":
+                service.register_event_time_timer(ts)
+            else:
+                service.delete_event_time_timer(ts)
+
+    def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+        ctx.emit((ctx.current_key, ts))
+        if ts % 2:
+            ctx.timer_service.register_event_time_timer(ts + 1)
+
+
+def model(script: list[Any]) -> list[list[tuple[str, int]]]:
+    """What each watermark advance fires, in order."""
+    timers: set[tuple[str, int]] = set()
+    watermark = -(2**63)
+    fired: list[list[tuple[str, int]]] = []
+    for step in script:
+        if step[0] == "record":
+            for op, ts in step[2]:
+                (timers.add if op == "add" else timers.discard)((step[1], ts))
+            continue
+        watermark = max(watermark, step[1])
+        out: list[tuple[str, int]] = []
+        while True:
+            due = sorted((ts, canonical_key(k), k) for k, ts in timers if ts <= watermark)
+            if not due:
+                break
+            ts, _, k = due[0]
+            timers.discard((k, ts))
+            out.append((k, ts))
+            if ts % 2:
+                timers.add((k, ts + 1))
+        fired.append(out)
+    return fired
+
+
+@settings(max_examples=slow_examples(25))
+@given(steps, st.sampled_from(sorted(BACKENDS)))
+def test_random_registers_deletes_records_and_watermarks_match_the_model(
+        tmp_path_factory: pytest.TempPathFactory, script: list[Any], backend: str) -> None:
+    path = tmp_path_factory.mktemp("timers")
+
+    async def main() -> list[list[tuple[str, int]]]:
+        fired = []
+        async with operator(Scripted(), BACKENDS[backend](path / "db"),
+                            key_selector=lambda r: r[1], timestamp_selector=None) as op:
+            for step in script:
+                if step[0] == "record":
+                    await op.process(step)
+                else:
+                    await op.advance_watermark(step[1])
+                    fired.append(op.outputs())
+        return fired
+
+    # A plain on_timer runs as soon as its firing starts (its key is free: records and
+    # firings hold a key only while they run), so every backend fires in the model's order,
+    # a synchronous timer service's: timestamp, then key bytes, covered timers included.
+    assert asyncio.run(main()) == model(script)
