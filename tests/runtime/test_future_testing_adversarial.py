@@ -421,7 +421,7 @@ async def test_shield_wait_as_completed_and_gather_return_exceptions() -> None:
     c: StateFuture[str] = StateFuture()
     d: StateFuture[str] = StateFuture()
     loop.call_soon(d._complete, "d")
-    loop.call_later(0.01, c._complete, "c")
+    loop.call_soon(loop.call_soon, c._complete, "c")  # one loop iteration after d
     assert [await x for x in asyncio.as_completed([c, d])] == ["d", "c"]
 
     e: StateFuture[int] = StateFuture()
