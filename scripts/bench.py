@@ -289,10 +289,13 @@ def run_rounds(bench: Bench, arms: dict[str, Callable[[float], RunResult]], *, r
 def ratio_table(bench: Bench, title: str, names: Sequence[str],
                 runs: dict[str, list[RunResult]], errors: dict[str, str], *, reference: str,
                 reference_word: str, goals: dict[str, float], unit: str,
-                bounded_unit: str) -> tuple[bool, dict[str, Any]]:
+                bounded_unit: str, rate_goals: dict[str, float] | None = None
+                ) -> tuple[bool, dict[str, Any]]:
     """Print one table of the arms `names`: best rate, ratio to the arm `reference`, goal
-    (a minimum ratio, from `goals`) and result, then the traceback of each crashed arm.
-    Returns whether every arm ran and answered right, and each arm's JSON figures."""
+    (a minimum ratio, from `goals`, or a minimum rate, from `rate_goals`) and result, then
+    the traceback of each crashed arm. Returns whether every arm ran and answered right, and
+    each arm's JSON figures."""
+    rate_goals = rate_goals or {}
     ref = best_of(runs[reference])
     table = Table(title=title)
     for column, justify in (("arm", "left"), (f"{unit}/s", "right"),
@@ -304,12 +307,16 @@ def ratio_table(bench: Bench, title: str, names: Sequence[str],
     for name in names:
         best = best_of(runs[name])
         goal = goals.get(name)
+        rate_goal = rate_goals.get(name)
         ratio = best.rate / ref.rate if best is not None and ref is not None else None
         wrong = [r for r in runs[name] if not r.answer_ok]
         if name in errors:
             result_text, passed = "[red]ERROR (traceback below)[/]", False
         elif wrong:
             result_text, passed = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]", False
+        elif rate_goal is not None and best is not None:
+            passed = best.rate >= rate_goal
+            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
         elif goal is None:
             result_text, passed = "answer ok", None
         elif ratio is None:
@@ -325,11 +332,13 @@ def ratio_table(bench: Bench, title: str, names: Sequence[str],
             name, fmt_rate(best.rate) if best is not None else "-",
             f"{ratio:.2f}x" if ratio is not None else "-",
             f">= {goal:.2f}x" if goal is not None else
+            f">= {fmt_rate(rate_goal)}/s" if rate_goal is not None else
             ("reference" if name == reference else "-"),
             result_text)
         arms_json[name] = {
             f"best_{unit}_per_s": best.rate if best is not None else None,
             f"ratio_to_{reference_word}": ratio, f"goal_ratio_to_{reference_word}": goal,
+            f"goal_{unit}_per_s": rate_goal,
             "goal_passed": passed, "error": errors.get(name),
             "runs": [dataclasses.asdict(r) | {f"{unit}_per_s": r.rate} for r in runs[name]],
         }
@@ -1175,6 +1184,10 @@ TIMERS_WINDOW = 10_000
 TIMERS_FIRE_EVERY = 1_000
 TIMERS_FLOOR = "heapq on tuples"
 TIMERS_GOALS = {"HeapPriorityQueueSet": 0.5}  # arm -> minimum ratio to the heapq floor
+TIMERS_SERVICE_HEAP = "timer service, heap"
+TIMERS_SERVICE_ROCKSDB = "timer service, RocksDB"
+# arm -> minimum timers/s (register + fire) of the service end to end
+TIMERS_RATE_GOALS = {TIMERS_SERVICE_HEAP: 150_000, TIMERS_SERVICE_ROCKSDB: 50_000}
 
 
 @dataclasses.dataclass
@@ -1234,6 +1247,48 @@ def heapq_timers(bench: Bench, load: TimerLoad, deadline: float,
         fire_ts(item[0])
         fire_key(item[3])
     return fed
+
+
+class TimerRegistrar(ast.KeyedProcessFunction):
+    """The timer service end to end: record (key, ts) registers an event-time timer for ts;
+    on_timer records the firing."""
+
+    def __init__(self, fired_ts: list[int], fired_keys: list[int]) -> None:
+        self.fire_ts, self.fire_key = fired_ts.append, fired_keys.append
+
+    def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+        ctx.timer_service.register_event_time_timer(record[1])
+
+    def on_timer(self, timestamp: int, ctx: ast.RecordContext) -> None:
+        self.fire_ts(timestamp)
+        self.fire_key(ctx.current_key)
+
+
+async def service_timers(bench: Bench, load: TimerLoad, deadline: float, backend: Any,
+                         fired_ts: list[int], fired_keys: list[int]) -> int:
+    """The same load through a KeyedOperator: every record registers its timer, and every
+    TIMERS_FIRE_EVERY records the watermark advances to the record's index."""
+    fn = TimerRegistrar(fired_ts, fired_keys)
+    timestamps, keys = load.timestamps, load.keys
+    fed, n, clock = 0, len(timestamps), time.perf_counter
+    async with ast.KeyedOperator(fn, key_selector=_first, backend=backend) as op:
+        process, advance = op.process, op.advance_watermark
+        while fed < n:
+            end = min(n, fed + CHUNK)
+            for i in range(fed, end):
+                await process((keys[i], timestamps[i]))
+                if i % TIMERS_FIRE_EVERY == TIMERS_FIRE_EVERY - 1:
+                    await advance(i)
+            bench.tick(end - fed)
+            fed = end
+            if clock() >= deadline:
+                break
+        await advance(2**63 - 1)
+    return fed
+
+
+def _first(record: Any) -> Any:
+    return record[0]
 
 
 def queue_timers(bench: Bench, load: TimerLoad, deadline: float, queue: Any,
@@ -1317,6 +1372,25 @@ def timers(bench: Bench) -> dict[str, Any]:
             return RunResult(fed, seconds, fed < n_timers, ok, detail, collector.figures())
         return run
 
+    def service_arm(rocksdb: bool) -> Callable[[float], RunResult]:
+        """The timer service end to end, on the heap or RocksDB."""
+        def run(deadline: float) -> RunResult:
+            fired_ts: list[int] = []
+            fired_keys: list[int] = []
+            with contextlib.ExitStack() as stack:
+                backend: Any = ast.HeapBackend()
+                if rocksdb:
+                    directory = stack.enter_context(tempfile.TemporaryDirectory())
+                    backend = ast.RocksDBBackend(directory)
+                with GCWatch() as collector:
+                    started = time.perf_counter()
+                    fed = bench.run_async(service_timers(bench, load, deadline, backend,
+                                                         fired_ts, fired_keys))
+                    seconds = time.perf_counter() - started
+            ok, detail = check(fed, fired_ts, fired_keys)
+            return RunResult(fed, seconds, fed < n_timers, ok, detail, collector.figures())
+        return run
+
     def rocksdb_sets(db: Any) -> KeyGroupPartitionedPriorityQueue:
         return KeyGroupPartitionedPriorityQueue(
             lambda kg: RocksDBPriorityQueueSet(db, kg, write_options=write_options),
@@ -1337,7 +1411,8 @@ def timers(bench: Bench) -> dict[str, Any]:
             lambda db: RocksDBPriorityQueueSet(db, 0, write_options=write_options),
             in_group_zero, rocksdb=True),
         "KeyGroupPartitioned, RocksDB sets": arm(rocksdb_sets, load.key_groups, rocksdb=True),
-        # The timer service end to end (heap and RocksDB) joins here: one arm per backend.
+        TIMERS_SERVICE_HEAP: service_arm(rocksdb=False),
+        TIMERS_SERVICE_ROCKSDB: service_arm(rocksdb=True),
     }
     params = {"timers": n_timers, "keys": n_keys, "repeats": repeats,
               "max_seconds_per_run": max_seconds, "seed": args.seed,
@@ -1355,7 +1430,8 @@ def timers(bench: Bench) -> dict[str, Any]:
     all_ok, arms_json = ratio_table(
         bench, f"timers: register + fire {n_timers:,} timers / {n_keys:,} keys "
                f"(best of {repeats})", list(arms), runs, errors, reference=TIMERS_FLOOR,
-        reference_word="heapq", goals=TIMERS_GOALS, unit="timers", bounded_unit="timers")
+        reference_word="heapq", goals=TIMERS_GOALS, unit="timers", bounded_unit="timers",
+        rate_goals=TIMERS_RATE_GOALS)
     return {"scenario": "timers", "ok": all_ok, "params": params,
             "environment": bench.environment(), "arms": arms_json}
 
