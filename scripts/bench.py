@@ -41,6 +41,7 @@ from rich.table import Table
 import asyncstate as ast
 from asyncstate import _compiled
 from asyncstate.keygroups import KeyGroupRange, key_group_of_bytes
+from asyncstate.runtime import gc_threshold
 from asyncstate.serde import NONE_BYTES, canonical_key
 from asyncstate.timers.batch import BatchExecutionPriorityQueueSet
 from asyncstate.timers.heap_set import HeapPriorityQueueSet
@@ -1332,6 +1333,9 @@ def timers(bench: Bench) -> dict[str, Any]:
     in_group_zero = [0] * n_keys  # max_parallelism 1: every key is in key group 0
     all_groups = KeyGroupRange(0, max_p - 1)
     db_options, write_options = ast.RocksDBOptions().to_rocksdict()
+    # Timers live inside an operator, which holds the config's first GC threshold while it
+    # runs; every arm runs under it (--gc-threshold none: CPython's default).
+    gc_hold = bench.config().resolved_gc_threshold()
     expected_cache: dict[int, list[tuple[int, int]]] = {}
 
     def check(fed: int, fired_ts: list[int], fired_keys: list[int]) -> tuple[bool, str]:
@@ -1360,6 +1364,9 @@ def timers(bench: Bench) -> dict[str, Any]:
                     directory = stack.enter_context(tempfile.TemporaryDirectory())
                     db = rocksdict.Rdict(directory, db_options)
                     stack.callback(db.close)
+                if gc_hold is not None:
+                    gc_threshold.hold(gc_hold)
+                    stack.callback(gc_threshold.release, gc_hold)
                 with GCWatch() as collector:
                     started = time.perf_counter()
                     if make is None:
@@ -1418,6 +1425,7 @@ def timers(bench: Bench) -> dict[str, Any]:
               "max_seconds_per_run": max_seconds, "seed": args.seed,
               "max_parallelism": max_p, "window": TIMERS_WINDOW,
               "fire_every": TIMERS_FIRE_EVERY, "rocksdb_cache_size": DEFAULT_CACHE_SIZE,
+              "gc_threshold": gc_hold,
               "rocksdb_options": dataclasses.asdict(ast.RocksDBOptions()),
               "load": "timer i of key order[i % keys] (seeded shuffle) due at i + "
                       "randrange(window); every fire_every timers the due ones fire"}
@@ -1456,7 +1464,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="time bound per run; the rate covers the records done by then")
     parser.add_argument("--seed", type=int, default=1, help="seed of the key order")
     parser.add_argument("--gc-threshold", type=_gc_threshold, default="default",
-                        help="AsyncStateConfig.gc_threshold of the overhead and rocksdb arms: "
+                        help="AsyncStateConfig.gc_threshold of the overhead and rocksdb arms, "
+                             "held by every timers arm: "
                              "an int >= 1, auto or none (default: the config's default)")
     parser.add_argument("--write-buffer-bytes", type=_positive_int, default=None,
                         help="RocksDBOptions.write_buffer_bytes of the rocksdb arms "

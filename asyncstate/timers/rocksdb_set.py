@@ -58,8 +58,9 @@ class RocksDBPriorityQueueSet(InternalPriorityQueue[InternalTimer]):
 
     `write_options` (a rocksdict WriteOptions, or None for the defaults) applies to every
     write. Several sets (one per key group) may share one store: each keeps to the keys that
-    start with its key group. A set built on a store that already holds timers of its key
-    group (a reopened database) serves them."""
+    start with its key group; two sets of one key group would share its keys, so two queues
+    (event time and processing time) need a store each. A set built on a store that already
+    holds timers of its key group (a reopened database) serves them."""
 
     __slots__ = ("_store", "_key_group", "_prefix", "_upper", "_cache", "_timers",
                  "_cache_size", "_seek_hint", "_all_in_cache", "_write_options")
