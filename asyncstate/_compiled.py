@@ -30,7 +30,15 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
-__all__ = ["COMPILED_MODULES", "PURE_PYTHON_ENV", "STAMP_NAME", "mode", "select", "write_stamp"]
+__all__ = [
+    "COMPILED_MODULES",
+    "PURE_PYTHON_ENV",
+    "STAMP_NAME",
+    "mode",
+    "problems",
+    "select",
+    "write_stamp",
+]
 
 PURE_PYTHON_ENV = "ASYNCSTATE_PURE_PYTHON"
 STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the compiled source}
@@ -117,6 +125,13 @@ def _problems() -> list[str]:
     problems += [f"{module} was edited after it was compiled"
                  for module in COMPILED_MODULES if stamped.get(module) != current[module]]
     return problems
+
+
+def problems() -> list[str]:
+    """Why the compiled modules of this install cannot be used: [] when they can (whatever
+    `ASYNCSTATE_PURE_PYTHON` says); the set-up scripts ask it before reusing an install."""
+    found = _problems()
+    return ["no module is compiled" if p == "" else p for p in found]
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):
