@@ -325,8 +325,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="clicks to generate, an integer >= 1 (default: %(default)s)")
     # At least one user: user ids are drawn modulo --users.
     parser.add_argument("--users", type=_int_at_least(1), default=5_000, metavar="U",
-                        help="user ids to draw clicks from, an integer >= 1; the most "
-                             "active few get most clicks, so fewer may appear "
+                        help="user ids to draw clicks from, an integer >= 1; some users "
+                             "are far more active than others, so fewer may appear "
                              "(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=7, metavar="S",
                         help="seed of the generated clicks (default: %(default)s)")
