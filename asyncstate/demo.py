@@ -261,8 +261,11 @@ def _explain(runs: list[BackendRun]) -> list[str]:
 def _trace(run: BackendRun) -> list[str]:
     """The first steps of the traced users' records, in the order they happened."""
     probe = run.probe
-    lines = [f"Order on {run.name}, for the most active users "
-             f"{', '.join(sorted(probe.traced, key=_rank))} (#: arrival number):"]
+    lines = textwrap.wrap(
+        f"Order on {run.name}, for the most active users "
+        f"{', '.join(sorted(probe.traced, key=_rank))} (#: arrival number). A record starts "
+        "when its user's previous record has finished; records of other users go on "
+        "meanwhile:", width=_WIDTH)
     previous: dict[str, int] = {}  # user -> arrival number of its last finished record
     for kind, arrival, user, n in probe.steps[:_TRACE_STEPS]:
         if kind == "finish":
@@ -323,7 +326,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # At least one record: an empty run has no users to report and no meaningful rate.
     parser.add_argument("--records", type=_int_at_least(1), default=20_000, metavar="N",
                         help="clicks to generate, an integer >= 1 (default: %(default)s)")
-    # At least one user: user ids are drawn modulo --users.
+    # At least one user: user ids are drawn from 0..U-1.
     parser.add_argument("--users", type=_int_at_least(1), default=5_000, metavar="U",
                         help="user ids to draw clicks from, an integer >= 1; some users "
                              "are far more active than others, so fewer may appear "
@@ -345,10 +348,10 @@ def run(args: argparse.Namespace) -> int:
               "'asyncstate[rocksdb]' (or use --backend remote)", file=sys.stderr)
         return 2
     events = _events(args.records, args.users, args.seed)
-    present = len({e[1] for e in events})
     counts: dict[str, int] = {}
     for e in events:
         counts[e[1]] = counts.get(e[1], 0) + 1
+    present = len(counts)
     traced = sorted(counts, key=lambda u: (-counts[u], u))[:_TRACED_USERS]
     runs = []
     for name in backends:
@@ -357,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
     order_problems = {r.backend: _order_problems(r, events) for r in runs}
     problems = [p for r in runs for p in order_problems[r.backend][:3]]
     problems += [p for r in runs for p in _count_problems(r, events)[:3]]
-    problems += [f"{r.name} and {runs[0].name} report different pages for some users"
+    problems += [f"{r.name} and {runs[0].name} report different summaries for some users"
                  for r in runs if r.summaries != runs[0].summaries]
 
     out = [f"asyncstate demo: {args.records:,} clicks of {present:,} users (user ids drawn "
@@ -372,8 +375,8 @@ def run(args: argparse.Namespace) -> int:
         out += ["", "PROBLEMS:", *(f"  {p}" for p in problems)]
     else:
         same = " and ".join(r.name for r in runs)
-        out += [f"results: {same} agree, each user's clicks were applied in arrival order "
-                "and match a plain count"]
+        out.append(textwrap.fill(f"results: {same} agree, each user's clicks were applied in "
+                                 "arrival order and match a plain count", width=_WIDTH))
     out += ["", *_top_users(runs[0])]
     print("\n".join(out))
     return 1 if problems else 0

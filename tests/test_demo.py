@@ -219,7 +219,7 @@ def test_report_traces_the_most_active_users_in_arrival_order(
         counts[e[1]] = counts.get(e[1], 0) + 1
     top = sorted(counts, key=lambda u: (-counts[u], u))[:3]
     assert f"Order on RocksDBBackend, for the most active users {', '.join(top)} " \
-           "(#: arrival number):" in out
+           "(#: arrival number)." in " ".join(out.split())
     steps = re.findall(r"^  (start|finish) +#([\d,]+) +(user-\d+) +(.*)$", out, re.MULTILINE)
     assert len(steps) == 14
     order = ordinals(events)
