@@ -95,6 +95,68 @@ def test_install_without_a_compiler_falls_back_to_the_python_sources(tmp_path: P
     assert result.strip() == "[('a', 1), ('a', 2), ('b', 1)]"
 
 
+def _setup_py(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items()
+               if k not in (_compiled.PURE_PYTHON_ENV, "ASYNCSTATE_EXPECT_IMPLEMENTATION")}
+    return subprocess.run([sys.executable, "setup.py", *args], cwd=root,
+                          env={**environ, **env}, capture_output=True, text=True, timeout=280,
+                          check=False)
+
+
+def _import_probe(root: Path) -> subprocess.CompletedProcess[str]:
+    """`import asyncstate` from `root` with warnings as errors; prints the implementation."""
+    environ = {k: v for k, v in os.environ.items() if k != _compiled.PURE_PYTHON_ENV}
+    return subprocess.run(
+        [sys.executable, "-W", "error", "-c",
+         "import asyncstate, asyncstate._compiled as c; print(c.mode(), asyncstate.__file__)"],
+        cwd=root, env={**environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+        timeout=60, check=False)
+
+
+def test_pure_python_env_skips_compiling_without_a_warning(tmp_path: Path) -> None:
+    source = copy_checkout(tmp_path / "src")
+    proc = _setup_py(source, "build_ext", "--inplace", **{_compiled.PURE_PYTHON_ENV: "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING" not in proc.stdout + proc.stderr
+    assert not list(source.rglob("*.so"))
+    assert not (source / "build").exists()  # mypyc generated no C
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.environ.get("ASYNCSTATE_EXPECT_IMPLEMENTATION") == "python",
+                    reason="builds its own install, whatever the build under test: "
+                           "scripts/test.sh runs it in the compiled pass only")
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc for the compiler probe")
+def test_a_failing_extension_build_falls_back_and_removes_old_compiled_modules(
+        tmp_path: Path) -> None:
+    source = copy_checkout(tmp_path / "src")
+    # An earlier build's leftovers, which an in-place (editable) rebuild must not leave.
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    stale = [source / "asyncstate" / f"serde{suffix}", source / f"asyncstate__mypyc{suffix}"]
+    for path in stale:
+        path.write_bytes(b"not a real extension")
+    (source / "asyncstate" / _compiled.STAMP_NAME).write_text("{}", encoding="utf-8")
+    # A compiler that passes the set-up probe and fails on the generated modules.
+    compiler = tmp_path / "cc"
+    compiler.write_text(f'#!/bin/sh\ncase "$*" in *probe.c*) exec {shutil.which("gcc")} "$@";; '
+                        'esac\necho "cc: refusing to compile" >&2\nexit 1\n', encoding="utf-8")
+    compiler.chmod(0o755)
+    proc = _setup_py(source, "build_ext", "--inplace", CC=str(compiler))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines()
+                if "asyncstate's hot path was not compiled" in line]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("WARNING: asyncstate's hot path was not compiled (building "
+                                  "the extension modules failed: ")
+    assert (source / "build").is_dir()  # mypyc ran: the failure came from the C build
+    assert not list(source.rglob("*.so"))
+    assert not (source / "asyncstate" / _compiled.STAMP_NAME).exists()
+    probe = _import_probe(source)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["python", str(source / "asyncstate" / "__init__.py")]
+
+
 # -- extras -------------------------------------------------------------------------------
 
 
