@@ -55,13 +55,14 @@ def key_of(record: Any) -> Any:
     return record["key"] if isinstance(record, dict) else record[0]
 
 
-class FailOnce(KeyCounter):
-    """KeyCounter whose first attempt of partition `fail_partition` fails after `after`
-    records: by raising, or (kill=True) by ending the worker process at once."""
+class FailsOnce(KeyCounter):
+    """KeyCounter whose first attempts fail midway: partition `raise_partition` raises after
+    `after` records, partition `kill_partition` ends its worker process at once (as a SIGKILL
+    would: no `finally`, no close), with its RocksDB open."""
 
-    fail_partition = 1
+    raise_partition = 1
+    kill_partition = 0
     after = 500
-    kill = False
 
     def open(self, ctx: ast.RuntimeContext) -> None:
         super().open(ctx)
@@ -70,17 +71,12 @@ class FailOnce(KeyCounter):
 
     async def process_element(self, value: Any, ctx: Any) -> None:
         self.seen += 1
-        if self.partition == self.fail_partition and self.attempt == 0 \
-                and self.seen == self.after:
-            if self.kill:
-                os._exit(17)  # no finally, no close: as a SIGKILL would
-            raise UserBoom(f"first attempt fails at record {self.seen}", value)
+        if self.attempt == 0 and self.seen == self.after:
+            if self.partition == self.kill_partition:
+                os._exit(17)
+            if self.partition == self.raise_partition:
+                raise UserBoom(f"first attempt fails at record {self.seen}", value)
         await super().process_element(value, ctx)
-
-
-class KilledOnce(FailOnce):
-    fail_partition = 0
-    kill = True
 
 
 class RaisesOnRecord(ast.KeyedProcessFunction):
@@ -135,3 +131,45 @@ def attempt_directories(root: Path) -> list[Path]:
     from asyncstate.spark.workdir import ROOT_NAME
 
     return [p for base in root.rglob(ROOT_NAME) for p in base.iterdir()]
+
+
+def check_counts_continue(outputs: list[Any], before: dict[Any, int],
+                          batch: list[tuple[int, int]]) -> dict[Any, int]:
+    """Each key's outputs of a run, in output order, continue its count from `before`; every
+    record of `batch` counted once. Returns the counts after the run."""
+    by_key: dict[Any, list[int]] = {}
+    for key, n, _, _ in outputs:
+        by_key.setdefault(key, []).append(n)
+    assert sorted(record_id for _, _, record_id, _ in outputs) == sorted(i for _, i in batch)
+    after = dict(before)
+    for key, counts in by_key.items():
+        start = before.get(key, 0)
+        assert counts == list(range(start + 1, start + len(counts) + 1)), key
+        after[key] = start + len(counts)
+    return after
+
+
+RESCALE_STEPS = ((4, "rocksdb"), (3, "heap"), (6, "rocksdb"))
+
+
+def run_rescale_chain(sc: Any, checkpoint_dir: str, *, per_run: int = 20_000,
+                      keys: int = 2_000, steps: Any = RESCALE_STEPS) -> tuple[str, Counter[Any]]:
+    """Runs of the counter, each restoring the previous run's checkpoint with another
+    partition count (and backend); checks every run's outputs. Returns the last checkpoint
+    and the model's counts."""
+    import asyncstate.spark as aspark
+
+    counts: dict[Any, int] = {}
+    batches: list[list[tuple[int, int]]] = []
+    restore = None
+    for run, (partitions, backend) in enumerate(steps, start=1):
+        batch = records(per_run, keys, start=run * per_run)
+        batches.append(batch)
+        out = aspark.process_keyed(
+            sc.parallelize(batch, 2), KeyCounter, key_selector=key_of,
+            num_partitions=partitions, backend=backend, checkpoint_dir=checkpoint_dir,
+            checkpoint_id=run, restore_from=restore)
+        counts = check_counts_continue(out.collect(), counts, batch)
+        restore = aspark.verify_checkpoint(checkpoint_dir, run)
+    assert restore is not None
+    return restore, model_counts(batches)
