@@ -46,10 +46,10 @@ class PartitionFailure(Exception):
     exception, pickled. The driver hook turns it back into the original exception."""
 
 
-def _pickle(exc: BaseException) -> bytes | None:
+def _pickle(exc: BaseException, note: str) -> bytes | None:
     try:
         from pyspark import cloudpickle  # by value for classes of __main__ and closures
-        data: bytes = cloudpickle.dumps(exc)  # type: ignore[no-untyped-call]
+        data: bytes = cloudpickle.dumps((exc, note))  # type: ignore[no-untyped-call]
     except Exception as err:  # noqa: BLE001 - anything unpicklable travels as text only
         log.warning("spark.exception_not_picklable", type=type(exc).__name__, error=repr(err))
         return None
@@ -59,16 +59,15 @@ def _pickle(exc: BaseException) -> bytes | None:
 def carry(exc: Exception, *, partition: int, attempt: int, stage: int | None) -> PartitionFailure:
     """A PartitionFailure carrying `exc` to the driver (raise it `from exc`).
 
-    `exc` gains a note naming the partition, attempt and host, with its traceback in the
-    worker: tracebacks are not pickled, and the driver shows the note.
+    Tracebacks are not pickled (nor, by every exception type, notes): the partition, attempt,
+    host and the traceback in the worker travel beside `exc`, and the driver adds them to it
+    as a note.
     """
     where = (f"raised in Spark partition {partition} (attempt {attempt}"
              + (f", stage {stage}" if stage is not None else "")
              + f") on host {socket.gethostname()}")
     worker_tb = "".join(traceback.format_exception(exc)).rstrip()
-    with contextlib.suppress(AttributeError, TypeError):  # a type refusing attributes
-        exc.add_note(f"{where}; traceback in the worker:\n{worker_tb}")
-    data = _pickle(exc)
+    data = _pickle(exc, f"{where}; traceback in the worker:\n{worker_tb}")
     head = f"{type(exc).__qualname__}: {exc}".splitlines()[0] if str(exc) else \
         type(exc).__qualname__
     text = f"{head} ({where})"
@@ -95,7 +94,8 @@ def rebuild(error: BaseException) -> BaseException | None:
     if match is None:
         return None
     try:
-        rebuilt = pickle.loads(base64.b64decode(match[1]))  # the job's own executors pickled it
+        # The job's own executors pickled it, as they pickle every result.
+        rebuilt, note = pickle.loads(base64.b64decode(match[1]))
     except (binascii.Error, pickle.UnpicklingError, ImportError, AttributeError, EOFError,
             TypeError, ValueError) as err:
         first = text[:match.start()].rstrip().splitlines()
@@ -103,7 +103,11 @@ def rebuild(error: BaseException) -> BaseException | None:
         return AsyncStateError(
             f"user code in a Spark partition raised {summary}; it cannot be rebuilt on the "
             f"driver ({type(err).__name__}: {err}): make its class importable on the driver")
-    return rebuilt if isinstance(rebuilt, BaseException) else None
+    if not isinstance(rebuilt, BaseException):
+        return None
+    with contextlib.suppress(AttributeError, TypeError):  # a type refusing attributes
+        rebuilt.add_note(note)
+    return rebuilt
 
 
 def _hooked(original: Callable[..., Any]) -> Callable[..., Any]:
