@@ -238,7 +238,8 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
     seconds = time.perf_counter() - started
     report = {
         "partition": task.partition, "attempt": task.attempt, "stage": task.stage,
-        "host": os.uname().nodename, "pid": os.getpid(), "records": run.records,
+        "host": os.uname().nodename, "pid": os.getpid(), "cwd": os.getcwd(),
+        "records": run.records,
         "outputs": run.outputs, "part": part, "seconds": seconds,
         "feed_wait": feeder.wait_seconds if feeder is not None else 0.0,
         "read": feeder.read_seconds if feeder is not None else 0.0,

@@ -37,7 +37,8 @@ class RunReport:
     """Per-partition reports of the bridge jobs it is passed to (``report=`` of
     `process_keyed`), collected through a Spark accumulator.
 
-    Each entry is a dict: partition, attempt, stage, host, pid, records, outputs, part (the
+    Each entry is a dict: partition, attempt, stage, host, pid and working directory (cwd)
+    of the worker, records, outputs, part (the
     checkpoint path it committed, or None), and seconds spent in each phase (restore,
     feed_wait, read, process, drain, commit, output, and the total). A partition computed
     again (a retry, speculation, a recomputed RDD) reports again.

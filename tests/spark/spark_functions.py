@@ -153,7 +153,8 @@ RESCALE_STEPS = ((4, "rocksdb"), (3, "heap"), (6, "rocksdb"))
 
 
 def run_rescale_chain(sc: Any, checkpoint_dir: str, *, per_run: int = 20_000,
-                      keys: int = 2_000, steps: Any = RESCALE_STEPS) -> tuple[str, Counter[Any]]:
+                      keys: int = 2_000, steps: Any = RESCALE_STEPS,
+                      report: Any = None) -> tuple[str, Counter[Any]]:
     """Runs of the counter, each restoring the previous run's checkpoint with another
     partition count (and backend); checks every run's outputs. Returns the last checkpoint
     and the model's counts."""
@@ -168,7 +169,7 @@ def run_rescale_chain(sc: Any, checkpoint_dir: str, *, per_run: int = 20_000,
         out = aspark.process_keyed(
             sc.parallelize(batch, 2), KeyCounter, key_selector=key_of,
             num_partitions=partitions, backend=backend, checkpoint_dir=checkpoint_dir,
-            checkpoint_id=run, restore_from=restore)
+            checkpoint_id=run, restore_from=restore, report=report)
         counts = check_counts_continue(out.collect(), counts, batch)
         restore = aspark.verify_checkpoint(checkpoint_dir, run)
     assert restore is not None
