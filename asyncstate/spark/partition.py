@@ -200,7 +200,7 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
                            parallelism=spec.num_partitions, operator_index=task.partition,
                            restore_from=spec.restore_from)
         log.info("spark.partition.start", partition=task.partition, attempt=task.attempt,
-                 stage=task.stage, key_groups=str(op.key_group_range),
+                 stage=task.stage, key_groups=f"{op.key_group_range.start}..{op.key_group_range.end}",
                  restore_from=spec.restore_from, directory=directory)
         runner = asyncio.Runner(loop_factory=_new_loop)
         loop = runner.get_loop()

@@ -91,6 +91,23 @@ class RaisesOnRecord(ast.KeyedProcessFunction):
         ctx.emit(value)
 
 
+class LoggingProbe(ast.KeyedProcessFunction):
+    """Emits, once per partition, whether structlog is configured in the worker and
+    asyncstate's log level there."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.sent = False
+
+    def process_element(self, value: Any, ctx: Any) -> None:
+        import structlog
+
+        from asyncstate.spark.session import driver_log_level
+
+        if not self.sent:
+            self.sent = True
+            ctx.emit((_task()[0], structlog.is_configured(), driver_log_level()))
+
+
 class Probe(ast.KeyedProcessFunction):
     """Emits (key, count) of each key it gets, changing nothing."""
 
