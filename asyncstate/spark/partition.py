@@ -199,8 +199,9 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
                            backend=backend, config=spec.config,
                            parallelism=spec.num_partitions, operator_index=task.partition,
                            restore_from=spec.restore_from)
+        groups = op.key_group_range
         log.info("spark.partition.start", partition=task.partition, attempt=task.attempt,
-                 stage=task.stage, key_groups=f"{op.key_group_range.start}..{op.key_group_range.end}",
+                 stage=task.stage, key_groups=f"{groups.start}..{groups.end}",
                  restore_from=spec.restore_from, directory=directory)
         runner = asyncio.Runner(loop_factory=_new_loop)
         loop = runner.get_loop()

@@ -52,6 +52,10 @@ class RunReport:
         """The accumulator partitions add their reports to."""
         return self._accumulator
 
+    def clear(self) -> None:
+        """Forget the reports received so far (on the driver), to use it for another job."""
+        self._accumulator.value = []
+
     @property
     def partitions(self) -> list[dict[str, Any]]:
         """The reports received so far, sorted by partition and attempt."""

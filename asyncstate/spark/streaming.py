@@ -87,10 +87,16 @@ class KeyedBatchWriter:
         self.output_schema = output_schema
         self.retain = retain
         self.log_level = log_level
+        # One report for every batch: an accumulator stays registered as long as its
+        # SparkContext, so one per batch would pile up over a long-running query.
+        self._report: RunReport | None = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         restore = previous_checkpoint(self.checkpoint_dir, batch_id)
-        report = RunReport(batch.sparkSession.sparkContext)
+        report = self._report
+        if report is None:
+            report = self._report = RunReport(batch.sparkSession.sparkContext)
+        report.clear()
         out = process_keyed(
             batch, self.function_factory, key_selector=self.key_selector,
             num_partitions=self.num_partitions, checkpoint_dir=self.checkpoint_dir,
