@@ -58,7 +58,6 @@ class ChunkFeeder:
         self._pending: deque[Any] = deque()  # loop thread only
         self._waiter: asyncio.Future[None] | None = None
         self.read_seconds = 0.0  # the reader's time inside the iterator (input and upstream)
-        self.wait_seconds = 0.0  # the loop side's time waiting for a chunk
         self._thread = threading.Thread(target=self._read, name="asyncstate-spark-reader",
                                         daemon=True)
 
@@ -106,13 +105,10 @@ class ChunkFeeder:
 
     async def next_chunk(self) -> list[Any] | None:
         """The next chunk of records, or None at the end of input."""
-        if not self._pending:
-            started = time.perf_counter()
-            while not self._pending:
-                self._waiter = self._loop.create_future()
-                await self._waiter
-            self._waiter = None
-            self.wait_seconds += time.perf_counter() - started
+        while not self._pending:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        self._waiter = None
         item = self._pending.popleft()
         if item is _END:
             self._pending.appendleft(item)  # stays the answer

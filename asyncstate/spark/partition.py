@@ -116,7 +116,8 @@ class _Run:
         self.wake: asyncio.Future[None] | None = None
         self.records = 0
         self.outputs = 0
-        self.phases = {"restore": 0.0, "process": 0.0, "drain": 0.0, "commit": 0.0}
+        self.phases = {"restore": 0.0, "input_wait": 0.0, "process": 0.0, "drain": 0.0,
+                       "commit": 0.0}
 
     def publish(self, out: list[Any]) -> None:
         if out:
@@ -140,7 +141,13 @@ class _Run:
                 self.phases["restore"] = clock() - started
                 process = op.process
                 while True:
+                    # Waiting with nothing in flight is waiting for Spark's input; waiting
+                    # with records in flight overlaps their processing.
+                    idle = op.metrics["in_flight"] == 0
+                    mark = clock()
                     chunk = await feeder.next_chunk()
+                    if idle:
+                        self.phases["input_wait"] += clock() - mark
                     if chunk is None:
                         break
                     for record in chunk:
@@ -160,8 +167,8 @@ class _Run:
         finally:
             self._wake()
             phases = self.phases
-            phases["process"] = max(0.0, clock() - started - feeder.wait_seconds - sum(
-                phases[name] for name in ("restore", "drain", "commit")))
+            phases["process"] = max(0.0, clock() - started - sum(
+                phases[name] for name in ("restore", "input_wait", "drain", "commit")))
         return path
 
     async def until_ready(self, main: asyncio.Task[str | None]) -> None:
@@ -242,7 +249,6 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
         "host": os.uname().nodename, "pid": os.getpid(), "cwd": os.getcwd(),
         "records": run.records,
         "outputs": run.outputs, "part": part, "seconds": seconds,
-        "feed_wait": feeder.wait_seconds if feeder is not None else 0.0,
         "read": feeder.read_seconds if feeder is not None else 0.0,
         "output": output_seconds, **run.phases,
     }

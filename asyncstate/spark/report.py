@@ -39,8 +39,11 @@ class RunReport:
 
     Each entry is a dict: partition, attempt, stage, host, pid and working directory (cwd)
     of the worker, records, outputs, part (the
-    checkpoint path it committed, or None), and seconds spent in each phase (restore,
-    feed_wait, read, process, drain, commit, output, and the total). A partition computed
+    checkpoint path it committed, or None), and seconds: `restore` (opening and restoring),
+    `input_wait` (the operator idle, waiting for Spark's input), `process` (the rest until
+    the input ends), `drain`, `commit` (the checkpoint part), `output` (Spark consuming the
+    outputs), `read` (the reader thread's time inside Spark's iterator, which overlaps the
+    others) and `seconds` (the whole partition). A partition computed
     again (a retry, speculation, a recomputed RDD) reports again.
     """
 

@@ -100,3 +100,37 @@ def test_checkpoint_id_defaults_to_the_streaming_batch_id(sc: Any, tmp_path: Pat
         sc.setLocalProperty("streaming.sql.batchId", None)
     assert os.listdir(tmp_path) == ["chk-7"]
     aspark.verify_checkpoint(tmp_path, 7)
+
+
+def test_take_abandons_partitions_cleanly_and_commits_nothing(
+        sc: Any, tmp_path: Path, spark_local_dir: Path) -> None:
+    # take() stops reading a partition early: the partition closes its operator and
+    # RocksDB without draining, removes its directory and commits no part.
+    data = records(20_000, 1_000)
+    out = aspark.process_keyed(sc.parallelize(data, 2), KeyCounter, key_selector=key_of,
+                               num_partitions=2, backend="rocksdb", checkpoint_dir=tmp_path,
+                               checkpoint_id=1)
+    taken = out.take(5)
+    assert len(taken) == 5 and {partition for *_, partition in taken} == {0}
+    with pytest.raises(ast.CheckpointError, match=r"did not run every partition to its end"):
+        aspark.verify_checkpoint(tmp_path, 1)
+    assert attempt_directories(spark_local_dir) == []
+
+
+def test_partitions_without_records_carry_their_state_forward(sc: Any, tmp_path: Path) -> None:
+    # Run 2 has records for two keys only: the other partitions get none, and must still
+    # restore and commit their key groups, or their state would be lost.
+    first = records(2_000, 200)
+    aspark.process_keyed(sc.parallelize(first, 2), KeyCounter, key_selector=key_of,
+                         num_partitions=2, backend="heap", checkpoint_dir=tmp_path,
+                         checkpoint_id=1).count()
+    second = [(first[0][0], 10_000), (first[1][0], 10_001)]
+    out = aspark.process_keyed(sc.parallelize(second, 1), KeyCounter, key_selector=key_of,
+                               num_partitions=5, backend="rocksdb", checkpoint_dir=tmp_path,
+                               checkpoint_id=2, restore_from=tmp_path / "chk-1").collect()
+    model = model_counts([first, second])
+    assert sorted((key, n) for key, n, _, _ in out) == sorted(
+        (key, model[key]) for key, _ in second)
+    path = aspark.verify_checkpoint(tmp_path, 2)
+    assert sorted(os.listdir(path)) == [f"part-5-{i}" for i in range(5)]
+    assert read_counts(path, model) == dict(model)
