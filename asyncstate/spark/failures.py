@@ -129,11 +129,13 @@ def _hooked(original: Callable[..., Any]) -> Callable[..., Any]:
 def install_driver_hook() -> None:
     """Make failed Spark actions raise the exceptions that bridge partitions carried.
 
-    Idempotent. Call it on the driver after the SparkSession exists: creating a session
-    installs PySpark's own handler over py4j's function, which drops this hook (each bridge
-    entry point calls this again)."""
+    Idempotent. Wraps the function py4j's gateway calls (PySpark's SQL handler, if installed,
+    stays inside) and py4j's original, which PySpark wraps again whenever a SparkSession is
+    created, so the hook survives sessions created later."""
     import py4j.java_gateway
+    import py4j.protocol
 
-    current = py4j.java_gateway.get_return_value
-    if not getattr(current, _HOOK_FLAG, False):
-        py4j.java_gateway.get_return_value = _hooked(current)
+    for module in (py4j.protocol, py4j.java_gateway):
+        current = module.get_return_value
+        if not getattr(current, _HOOK_FLAG, False):
+            module.get_return_value = _hooked(current)

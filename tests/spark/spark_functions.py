@@ -15,6 +15,8 @@ from typing import Any
 
 import asyncstate as ast
 
+SPARK_TEST_TIMEOUT_S = 240  # per test (pytest-timeout), instead of the suite's 120 s
+
 
 class UserBoom(Exception):
     """An exception type of the user's own, raised inside a partition."""

@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_functions import KeyCounter, key_of, records
+from spark_functions import SPARK_TEST_TIMEOUT_S, KeyCounter, key_of, records
 
 import asyncstate as ast
 import asyncstate.spark as aspark
 
-pytestmark = pytest.mark.spark
+# A JVM on a busy 2-core machine can take minutes where it usually takes seconds.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_functions import LoggingProbe, UserBoom, key_of, records
+from spark_functions import SPARK_TEST_TIMEOUT_S, LoggingProbe, UserBoom, key_of, records
 
 import asyncstate as ast
 import asyncstate.spark as aspark
@@ -165,6 +165,7 @@ def test_quiet_conf_points_spark_at_the_shipped_log4j2_file() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)
 def test_a_default_worker_python_of_another_environment_becomes_the_drivers(
         sc: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     other = tmp_path / "bin"
@@ -182,6 +183,7 @@ def test_a_default_worker_python_of_another_environment_becomes_the_drivers(
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)
 def test_partitions_configure_logging_in_the_worker(sc: Any) -> None:
     # The worker processes get asyncstate's level and a structlog configuration of their
     # own: the driver's configuration does not reach them.
@@ -194,6 +196,7 @@ def test_partitions_configure_logging_in_the_worker(sc: Any) -> None:
 # -- the Arrow route's values --------------------------------------------------------------
 
 @pytest.mark.spark
+@pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)
 def test_route_values_land_where_spark_hashes_them(spark: Any) -> None:
     for n in range(1, 9):
         values = route_values(n)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from spark_functions import (
+    SPARK_TEST_TIMEOUT_S,
     FailsOnce,
     KeyCounter,
     attempt_directories,
@@ -22,7 +23,8 @@ from spark_functions import (
 import asyncstate as ast
 import asyncstate.spark as aspark
 
-pytestmark = pytest.mark.spark
+# A JVM on a busy 2-core machine can take minutes where it usually takes seconds.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
 
 
 def test_rescale_across_runs_4_then_3_then_6(sc: Any, tmp_path: Path) -> None:

@@ -6,13 +6,14 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from spark_functions import KeyCounter, key_of, model_counts, records
+from spark_functions import SPARK_TEST_TIMEOUT_S, KeyCounter, key_of, model_counts, records
 
 import asyncstate as ast
 import asyncstate.spark as aspark
 from asyncstate.spark.routing import arrow_available
 
-pytestmark = pytest.mark.spark
+# A JVM on a busy 2-core machine can take minutes where it usually takes seconds.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
 
 N_RECORDS = 100_000
 N_KEYS = 1_000

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_functions import read_counts
+from spark_functions import SPARK_TEST_TIMEOUT_S, read_counts
 
-pytestmark = pytest.mark.spark
+# A JVM on a busy 2-core machine can take minutes where it usually takes seconds.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
 
 HERE = Path(__file__).resolve().parent
 STARTUP_S = 90.0  # bound on the daemons' start-up on a busy 2-core machine

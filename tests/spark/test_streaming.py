@@ -9,11 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_functions import KeyCounter, key_of, model_counts, read_counts, records
+from spark_functions import (
+    SPARK_TEST_TIMEOUT_S,
+    KeyCounter,
+    key_of,
+    model_counts,
+    read_counts,
+    records,
+)
 
 import asyncstate.spark as aspark
 
-pytestmark = pytest.mark.spark
+# A JVM on a busy 2-core machine can take minutes where it usually takes seconds.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
 
 FILES = 3
 PER_FILE = 2_000
