@@ -29,7 +29,8 @@ def main(master: str, checkpoint_dir: str) -> None:
         sc = spark.sparkContext
         sc.setLogLevel("ERROR")
         report = aspark.RunReport(sc)
-        last, model = spark_functions.run_rescale_chain(sc, checkpoint_dir, report=report)
+        last, model = spark_functions.run_rescale_chain(sc, checkpoint_dir, per_run=5_000,
+                                                        keys=1_000, report=report)
         executors = sorted({r["cwd"] for r in report.partitions})
     finally:
         spark.stop()
