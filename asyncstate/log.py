@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["get_logger", "set_level"]
+__all__ = ["get_level", "get_logger", "set_level"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _ROOT_LOGGER = "asyncstate"
@@ -86,6 +86,11 @@ _install_fallback_handler()
 _threshold = _parse(os.environ.get("ASYNCSTATE_LOG_LEVEL") or "warning")
 if os.environ.get("ASYNCSTATE_LOG_LEVEL"):
     logging.getLogger(_ROOT_LOGGER).setLevel(_threshold)
+
+
+def get_level() -> str:
+    """The asyncstate level ("warning" unless it was changed)."""
+    return next((name for name, value in _LEVELS.items() if value == _threshold), "warning")
 
 
 def set_level(level: str) -> None:

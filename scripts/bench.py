@@ -23,6 +23,7 @@ import logging
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -1441,6 +1442,318 @@ def timers(bench: Bench) -> dict[str, Any]:
         reference_word="heapq", goals=TIMERS_GOALS, unit="timers", bounded_unit="timers",
         rate_goals=TIMERS_RATE_GOALS)
     return {"scenario": "timers", "ok": all_ok, "params": params,
+            "environment": bench.environment(), "arms": arms_json}
+
+
+# -- spark: the bridge against Spark's own stateful operators -------------------------------
+
+SPARK_PARTITIONS = 4
+SPARK_KEY_STRIDE = 7919  # record i has key (i * 7919) % keys: each key every `keys` records
+SPARK_GOAL_VS_SPARK = 5.0  # asyncstate >= 5x the faster of Spark's operators
+SPARK_GOAL_EFFICIENCY = 0.7  # per-partition rate in Spark / ast.run rate in one process
+SPARK_PHASES = ("restore", "input_wait", "process", "drain", "commit", "output", "read")
+
+
+class SparkBenchCounter(ast.KeyedProcessFunction):
+    """The keyed counter over rows (dicts): updates state, emits nothing; the answer is
+    checked from the checkpoint each partition commits (inside the timed run)."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    def process_element(self, value: Any, ctx: ast.RecordContext) -> Any:
+        return self.count.value().then_compose(lambda v: self.count.update((v or 0) + 1))
+
+
+class SparkBenchProbe(ast.KeyedProcessFunction):
+    """Reads each key's count back from a restored checkpoint."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    def process_element(self, value: Any, ctx: ast.RecordContext) -> Any:
+        return self.count.value().then_accept(lambda v: ctx.emit((value, v)))
+
+
+def _spark_row_key(row: Any) -> Any:
+    return row["key"]
+
+
+def _pandas_with_state_count(key: Any, frames: Any, state: Any) -> Any:
+    import pandas as pd
+
+    total = state.get[0] if state.exists else 0
+    for frame in frames:
+        total += len(frame)
+    state.update((total,))
+    yield pd.DataFrame({"key": [key[0]], "count": [total]})
+
+
+def _tws_processor() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class CountProcessor(StatefulProcessor):  # type: ignore[misc]
+        def init(self, handle: Any) -> None:
+            self.count = handle.getValueState("count", "count long")
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            import pandas as pd
+
+            total = self.count.get()[0] if self.count.exists() else 0
+            for frame in rows:
+                total += len(frame)
+            self.count.update((total,))
+            yield pd.DataFrame({"key": [key[0]], "count": [total]})
+
+        def close(self) -> None:
+            pass
+
+    return CountProcessor()
+
+
+def spark_checkpoint_counts(path: str, n_keys: int) -> dict[Any, Any]:
+    """The counts a checkpoint holds for keys 0..n_keys-1, restored in one operator."""
+    async def read() -> dict[Any, Any]:
+        op = ast.KeyedOperator(SparkBenchProbe(), key_selector=_identity,
+                               backend=ast.HeapBackend(), restore_from=path)
+        async with op:
+            for key in range(n_keys):
+                await op.process(key)
+            await op.drain()
+            return {k: v for k, v in op.outputs() if v is not None}
+    with asyncio.Runner() as runner:
+        return runner.run(read())
+
+
+def spark_session(local_dir: str) -> Any:
+    import asyncstate.spark as aspark
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("asyncstate-bench")
+    for key, value in {**aspark.quiet_conf(), "spark.local.dir": local_dir,
+                       "spark.sql.shuffle.partitions": str(SPARK_PARTITIONS),
+                       "spark.driver.memory": "4g"}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+@scenario("spark", "keyed counter inside Spark: the bridge vs Spark's stateful operators")
+def spark(bench: Bench) -> dict[str, Any]:
+    import asyncstate.spark as aspark
+    from asyncstate.spark.routing import arrow_available
+
+    args = bench.args
+    n_records = args.records or (200_000 if bench.quick else 2_000_000)
+    n_keys = args.keys or (n_records // 20)
+    repeats = args.repeats or 1
+    if n_records % n_keys:
+        sys.exit(f"--records ({n_records}) must be a multiple of --keys ({n_keys}): every key "
+                 "then has records // keys records, which the answer check relies on")
+    expected = Counter({k: n_records // n_keys for k in range(n_keys)})
+    work = Path(tempfile.mkdtemp(prefix="asyncstate-bench-spark-"))
+    bench.console.print(f"[bold]spark[/]: keyed counter, {n_records:,} rows over {n_keys:,} "
+                        f"keys, {SPARK_PARTITIONS} partitions, local[2], best of {repeats}")
+    bench.console.print(bench.describe_environment())
+    session = spark_session(str(work / "spark-local"))
+    try:
+        data_dir = str(work / "data")
+        (session.range(n_records)
+         .selectExpr(f"(id * {SPARK_KEY_STRIDE}) % {n_keys} AS key", "id")
+         .repartition(8).write.parquet(data_dir))
+        schema = "key long, id long"
+        arms: dict[str, Callable[[int], RunResult]] = {}
+        reports: dict[str, list[dict[str, Any]]] = {}
+
+        def bridge_arm(backend: str, routing: str) -> Callable[[int], RunResult]:
+            def run(run_no: int) -> RunResult:
+                name = f"{backend}, {routing} route"
+                report = aspark.RunReport(session.sparkContext)
+                started = time.perf_counter()
+                out = aspark.process_keyed(
+                    session.read.parquet(data_dir), SparkBenchCounter,
+                    key_selector=_spark_row_key, num_partitions=SPARK_PARTITIONS,
+                    backend=backend, checkpoint_dir=str(work / "checkpoints"),
+                    checkpoint_id=run_no, output_schema="key long, count long",
+                    routing=routing, report=report)
+                out.write.format("noop").mode("overwrite").save()
+                seconds = time.perf_counter() - started
+                path = aspark.verify_checkpoint(str(work / "checkpoints"), run_no, report)
+                ok, detail = check_counts(spark_checkpoint_counts(path, n_keys), expected)
+                reports[name] = report.partitions
+                shutil.rmtree(path, ignore_errors=True)
+                return RunResult(n_records, seconds, False, ok, detail,
+                                 {"partitions": report.partitions})
+            return run
+
+        def streaming_arm(kind: str) -> Callable[[int], RunResult]:
+            def run(run_no: int) -> RunResult:
+                from pyspark.sql.streaming.state import GroupStateTimeout
+
+                name = f"{kind}-{run_no}"
+                stream = session.readStream.schema(schema).parquet(data_dir).groupBy("key")
+                if kind == "applyInPandasWithState":
+                    out = stream.applyInPandasWithState(
+                        _pandas_with_state_count, "key long, count long", "count long",
+                        "Update", GroupStateTimeout.NoTimeout)
+                else:
+                    session.conf.set(
+                        "spark.sql.streaming.stateStore.providerClass",
+                        "org.apache.spark.sql.execution.streaming.state."
+                        "RocksDBStateStoreProvider")
+                    out = stream.transformWithStateInPandas(
+                        _tws_processor(), "key long, count long", "Update", "None")
+                started = time.perf_counter()
+                query = (out.writeStream.outputMode("update").format("memory")
+                         .queryName(name.replace("-", "_"))
+                         .option("checkpointLocation", str(work / "queries" / name))
+                         .trigger(availableNow=True).start())
+                query.awaitTermination()
+                seconds = time.perf_counter() - started
+                session.conf.unset("spark.sql.streaming.stateStore.providerClass")
+                rows = session.table(name.replace("-", "_")).collect()
+                got: dict[Any, int] = {}
+                for row in rows:
+                    got[row["key"]] = max(got.get(row["key"], 0), row["count"])
+                ok, detail = check_counts(got, expected)
+                return RunResult(n_records, seconds, False, ok, detail)
+            return run
+
+        def local_arm(backend: str) -> Callable[[int], RunResult]:
+            # One partition's share of the rows, as the partitions see them (dicts), through
+            # ast.run on the same backend in this process.
+            share = n_records // SPARK_PARTITIONS
+            rows = [{"key": (i * SPARK_KEY_STRIDE) % n_keys, "id": i} for i in range(share)]
+
+            def run(run_no: int) -> RunResult:
+                directory = work / f"local-{backend}-{run_no}"
+                store: Any = ast.HeapBackend() if backend == "heap" else \
+                    ast.RocksDBBackend(directory)
+                started = time.perf_counter()
+                ast.run(SparkBenchCounter(), rows, key_selector=_spark_row_key, backend=store)
+                seconds = time.perf_counter() - started
+                shutil.rmtree(directory, ignore_errors=True)
+                return RunResult(share, seconds, False, True, "rate reference (no check)")
+            return run
+
+        routings = ["rdd", "arrow"] if arrow_available() else ["rdd"]
+        for backend in ("rocksdb", "heap"):
+            for routing in routings:
+                arms[f"{backend}, {routing} route"] = bridge_arm(backend, routing)
+            arms[f"ast.run, {backend}"] = local_arm(backend)
+        for kind in ("applyInPandasWithState", "transformWithStateInPandas"):
+            arms[kind] = streaming_arm(kind)
+
+        runs: dict[str, list[RunResult]] = {name: [] for name in arms}
+        errors: dict[str, str] = {}
+        bench.start_progress(total=len(arms) * repeats)
+        try:
+            for run_no in range(repeats):
+                for name, arm in arms.items():
+                    bench.describe(f"{name} ({run_no + 1}/{repeats})")
+                    if name not in errors:
+                        gc.collect()
+                        try:
+                            runs[name].append(arm(run_no + 1))
+                        except Exception:  # noqa: BLE001 - report the arm, keep the others
+                            errors[name] = traceback.format_exc()
+                    bench.tick(1)
+        finally:
+            bench.stop_progress()
+    finally:
+        session.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return _spark_table(bench, runs, errors, n_records, n_keys, repeats)
+
+
+def _partition_rates(partitions: list[dict[str, Any]]) -> tuple[float, float]:
+    """Mean per-partition records/s: over the whole partition run, and over its processing
+    alone (process + drain: without restore, commit, and the time the operator sat idle
+    waiting for Spark's input)."""
+    whole = [p["records"] / p["seconds"] for p in partitions if p["seconds"] > 0]
+    busy = [p["records"] / (p["process"] + p["drain"])
+            for p in partitions if p["process"] + p["drain"] > 0]
+    return (sum(whole) / len(whole) if whole else 0.0, sum(busy) / len(busy) if busy else 0.0)
+
+
+def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[str, str],
+                 n_records: int, n_keys: int, repeats: int) -> dict[str, Any]:
+    spark_best = [b.rate for b in (best_of(runs.get(k, [])) for k in
+                                   ("applyInPandasWithState", "transformWithStateInPandas"))
+                  if b is not None]
+    spark_rate = max(spark_best) if spark_best else None
+    table = Table(title=f"spark: keyed counter, {n_records:,} rows / {n_keys:,} keys, "
+                        f"{SPARK_PARTITIONS} partitions, local[2] (best of {repeats})")
+    for column in ("arm", "rows/s end to end", "vs faster Spark op", "per partition rows/s "
+                   "(whole / processing)", "bridge efficiency", "result"):
+        table.add_column(column, justify="left" if column in ("arm", "result") else "right")
+    arms_json: dict[str, Any] = {}
+    all_ok = not errors
+    for name, arm_runs in runs.items():
+        best = best_of(arm_runs)
+        wrong = [r for r in arm_runs if not r.answer_ok]
+        all_ok = all_ok and not wrong
+        row: dict[str, Any] = {"best_rows_per_s": best.rate if best else None,
+                               "error": errors.get(name),
+                               "runs": [dataclasses.asdict(r) | {"rows_per_s": r.rate}
+                                        for r in arm_runs]}
+        vs_spark = efficiency = None
+        partition_text = efficiency_text = "-"
+        if best is not None and "route" in name:
+            vs_spark = best.rate / spark_rate if spark_rate else None
+            whole, busy = _partition_rates(best.metrics["partitions"])
+            local = best_of(runs.get(f"ast.run, {name.split(',')[0]}", []))
+            if local is not None and local.rate > 0:
+                efficiency = busy / local.rate
+                efficiency_text = (f"{efficiency:.2f} (whole {whole / local.rate:.2f}) "
+                                   + ("[green]pass[/]" if efficiency >= SPARK_GOAL_EFFICIENCY
+                                      else "[red]FAIL[/]"))
+            partition_text = f"{fmt_rate(whole)} / {fmt_rate(busy)}"
+            phases = {phase: sum(p[phase] for p in best.metrics["partitions"])
+                      for phase in SPARK_PHASES}
+            row |= {"per_partition_rows_per_s": whole, "per_partition_busy_rows_per_s": busy,
+                    "phase_seconds_summed_over_partitions": phases}
+        row |= {"ratio_to_faster_spark_operator": vs_spark, "bridge_efficiency": efficiency}
+        if name in errors:
+            result = "[red]ERROR (traceback below)[/]"
+        elif wrong:
+            result = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]"
+        else:
+            result = "answer ok" if best is not None and best.answer_ok else "-"
+        vs_text = "-"
+        if vs_spark is not None:
+            vs_text = f"{vs_spark:.1f}x " + ("[green]pass[/]" if vs_spark >= SPARK_GOAL_VS_SPARK
+                                             else "[red]FAIL[/]")
+        table.add_row(name, fmt_rate(best.rate) if best else "-", vs_text, partition_text,
+                      efficiency_text, result)
+        arms_json[name] = row
+    bench.console.print(table)
+    bench.console.print(f"goals: >= {SPARK_GOAL_VS_SPARK:g}x the faster Spark operator end to "
+                        f"end; bridge efficiency (per-partition processing rate / ast.run "
+                        f"rate on the same backend) >= {SPARK_GOAL_EFFICIENCY:g}")
+    phase_table = Table(title="where the time goes (seconds, summed over partitions)")
+    phase_table.add_column("arm")
+    for phase in SPARK_PHASES:
+        phase_table.add_column(phase, justify="right")
+    for name, row in arms_json.items():
+        phases = row.get("phase_seconds_summed_over_partitions")
+        if phases:
+            phase_table.add_row(name, *(f"{phases[p]:.2f}" for p in SPARK_PHASES))
+    bench.console.print(phase_table)
+    bench.console.print("restore: open and restore; input_wait: the operator idle, waiting for "
+                        "Spark's input (shuffle read); process: the rest until the input ends; "
+                        "drain; commit: the checkpoint part; output: Spark consuming outputs; "
+                        "read: the reader thread inside Spark's iterator (overlaps the others)")
+    for name, tb in errors.items():
+        bench.console.print(f"[red bold]{name} crashed:[/]")
+        bench.console.print(tb, markup=False, highlight=False)
+    return {"scenario": "spark", "ok": all_ok,
+            "params": {"records": n_records, "keys": n_keys, "repeats": repeats,
+                       "partitions": SPARK_PARTITIONS, "master": "local[2]"},
             "environment": bench.environment(), "arms": arms_json}
 
 

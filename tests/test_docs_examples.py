@@ -12,13 +12,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
+# Examples that start a Spark session: marked `spark` (run once per suite, see scripts/test.sh)
+# and given the time a JVM takes to start on a busy machine.
+SPARK_PREFIX = "spark_"
+SPARK_TIMEOUT_S = 150
+
+
+def _example(script: Path) -> object:
+    if script.name.startswith(SPARK_PREFIX):
+        return pytest.param(script, marks=[pytest.mark.spark,
+                                           pytest.mark.timeout(SPARK_TIMEOUT_S + 30)])
+    return script
 
 
 def test_examples_exist() -> None:
     assert EXAMPLES, "no examples found under docs/examples/"
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("script", [_example(s) for s in EXAMPLES], ids=lambda p: p.stem)
 def test_example_prints_its_expected_output(script: Path) -> None:
     expected_file = script.with_suffix(".out")
     assert expected_file.is_file(), f"{script.name} has no expected output {expected_file.name}"
@@ -28,7 +39,7 @@ def test_example_prints_its_expected_output(script: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=SPARK_TIMEOUT_S if script.name.startswith(SPARK_PREFIX) else 60,
         check=False,
     )
     assert proc.returncode == 0, (

@@ -1,0 +1,142 @@
+"""`foreach_batch`: keyed async state across the micro-batches of a Structured Streaming query,
+exactly once.
+
+For micro-batch N the writer restores from the latest checkpoint before N (that of batch
+N-1, written when it ran) and commits checkpoint N; then it checks on the driver that
+checkpoint N is complete. A micro-batch that fails, or whose query stops before Spark commits
+it, is run again by Spark with the same id and the same input: it restores from the same
+checkpoint and writes checkpoint N again (each part replaced atomically), so every record
+counts once in the state, however often a batch or a task runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from asyncstate.checkpoint.format import checkpoint_path
+from asyncstate.config import AsyncStateConfig, check_int
+from asyncstate.function import KeyedProcessFunction
+from asyncstate.log import get_logger
+from asyncstate.spark.keyed import process_keyed
+from asyncstate.spark.partition import BackendSpec
+from asyncstate.spark.report import RunReport, verify_checkpoint
+
+__all__ = ["KeyedBatchWriter", "foreach_batch", "previous_checkpoint"]
+
+log = get_logger("asyncstate.spark")
+
+_CHK_RE = re.compile(r"chk-(0|[1-9][0-9]*)")
+_MIN_RETAIN = 2  # the checkpoint just written and the one a replay of it restores from
+
+
+def _checkpoint_ids(checkpoint_dir: str) -> list[int]:
+    try:
+        names = os.listdir(checkpoint_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m[1]) for m in map(_CHK_RE.fullmatch, names) if m is not None)
+
+
+def previous_checkpoint(checkpoint_dir: str | os.PathLike[str], batch_id: int) -> str | None:
+    """Path of the checkpoint micro-batch `batch_id` restores from: the one with the largest
+    id below `batch_id`, or None when there is none (the first batch starts empty)."""
+    directory = os.path.abspath(os.fspath(checkpoint_dir))
+    earlier = [i for i in _checkpoint_ids(directory) if i < batch_id]
+    return checkpoint_path(directory, earlier[-1]) if earlier else None
+
+
+def _consume(out: Any) -> None:
+    """Evaluate every partition of `out` (an RDD or DataFrame), keeping nothing."""
+    from pyspark.sql import DataFrame
+
+    if isinstance(out, DataFrame):
+        out.write.format("noop").mode("overwrite").save()
+    else:
+        out.foreachPartition(_drain)
+
+
+def _drain(values: Any) -> None:
+    for _ in values:
+        pass
+
+
+class KeyedBatchWriter:
+    """The function `foreach_batch` returns: pass it to `writeStream.foreachBatch`."""
+
+    def __init__(self, function_factory: Callable[[], KeyedProcessFunction], *,
+                 key_selector: Callable[[Any], Any], num_partitions: int,
+                 checkpoint_dir: str | os.PathLike[str],
+                 sink: Callable[[Any, int], None] | None, backend: BackendSpec,
+                 config: AsyncStateConfig | None, output_schema: Any, retain: int,
+                 log_level: str | None) -> None:
+        check_int("retain", retain, _MIN_RETAIN)
+        if sink is not None and not callable(sink):
+            raise TypeError(f"sink must be a function of (outputs, batch_id), got "
+                            f"{type(sink).__name__}")
+        self.function_factory = function_factory
+        self.key_selector = key_selector
+        self.num_partitions = num_partitions
+        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self.sink = sink
+        self.backend = backend
+        self.config = config
+        self.output_schema = output_schema
+        self.retain = retain
+        self.log_level = log_level
+        # One report for every batch: an accumulator stays registered as long as its
+        # SparkContext, so one per batch would pile up over a long-running query.
+        self._report: RunReport | None = None
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        restore = previous_checkpoint(self.checkpoint_dir, batch_id)
+        report = self._report
+        if report is None:
+            report = self._report = RunReport(batch.sparkSession.sparkContext)
+        report.clear()
+        out = process_keyed(
+            batch, self.function_factory, key_selector=self.key_selector,
+            num_partitions=self.num_partitions, checkpoint_dir=self.checkpoint_dir,
+            checkpoint_id=batch_id, restore_from=restore, backend=self.backend,
+            config=self.config, output_schema=self.output_schema, report=report,
+            log_level=self.log_level)
+        if self.sink is not None:
+            self.sink(out, batch_id)
+        else:
+            _consume(out)
+        verify_checkpoint(self.checkpoint_dir, batch_id, report)
+        self._expire(batch_id)
+        log.info("spark.batch.done", batch_id=batch_id, restored_from=restore,
+                 partitions=len(report.partitions))
+
+    def _expire(self, batch_id: int) -> None:
+        """Delete checkpoints older than the `retain` latest up to `batch_id` (never a later
+        one: it may belong to a batch Spark has not committed yet)."""
+        kept = [i for i in _checkpoint_ids(self.checkpoint_dir) if i <= batch_id]
+        for old in kept[:-self.retain]:
+            shutil.rmtree(checkpoint_path(self.checkpoint_dir, old), ignore_errors=True)
+
+
+def foreach_batch(function_factory: Callable[[], KeyedProcessFunction], *,
+                  key_selector: Callable[[Any], Any], num_partitions: int,
+                  checkpoint_dir: str | os.PathLike[str],
+                  sink: Callable[[Any, int], None] | None = None,
+                  backend: BackendSpec = "rocksdb", config: AsyncStateConfig | None = None,
+                  output_schema: Any = None, retain: int = _MIN_RETAIN,
+                  log_level: str | None = None) -> KeyedBatchWriter:
+    """A `writeStream.foreachBatch` function running `process_keyed` on each micro-batch with
+    the batch id as checkpoint id and the previous checkpoint as `restore_from`.
+
+    `sink(outputs, batch_id)` receives the emitted values (an RDD, or a DataFrame with
+    `output_schema`) and must evaluate them (write them; make the write idempotent per batch
+    id, since Spark runs a failed batch again); without a sink the outputs are evaluated and
+    dropped. Afterwards the driver checks the checkpoint is complete, and deletes all but the
+    `retain` latest checkpoints.
+    """
+    return KeyedBatchWriter(
+        function_factory, key_selector=key_selector, num_partitions=num_partitions,
+        checkpoint_dir=checkpoint_dir, sink=sink, backend=backend, config=config,
+        output_schema=output_schema, retain=retain, log_level=log_level)

@@ -1,0 +1,64 @@
+"""process_keyed refuses wrong arguments on the driver, before any task runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_functions import SPARK_TEST_TIMEOUT_S, KeyCounter, key_of, records
+
+import asyncstate as ast
+import asyncstate.spark as aspark
+
+# A JVM on a busy 2-core machine can take minutes where it usually takes seconds.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
+
+
+@pytest.fixture
+def rdd(sc: Any) -> Any:
+    return sc.parallelize(records(10, 5), 1)
+
+
+def keyed(rdd: Any, **overrides: Any) -> Any:
+    arguments: dict[str, Any] = {"key_selector": key_of, "num_partitions": 2,
+                                 "backend": "heap"} | overrides
+    factory = arguments.pop("function_factory", KeyCounter)
+    return aspark.process_keyed(rdd, factory, **arguments)
+
+
+def test_an_instance_instead_of_a_factory_is_refused(rdd: Any) -> None:
+    with pytest.raises(TypeError, match=r"^function_factory must be a callable returning a new "
+                                        r"KeyedProcessFunction .*pass KeyCounter, not an "
+                                        r"instance"):
+        keyed(rdd, function_factory=KeyCounter())
+
+
+@pytest.mark.parametrize(("overrides", "pattern"), [
+    ({"num_partitions": 0}, r"^num_partitions must be in \[1, 128\], got 0"),
+    ({"num_partitions": 129}, r"^num_partitions must be in \[1, 128\], got 129"),
+    ({"backend": "rocks"}, r"^backend must be \"rocksdb\", \"heap\", or a function"),
+    ({"backend": ast.HeapBackend}, r"^backend must be"),
+    ({"checkpoint_id": 3}, r"^checkpoint_dir must be a directory every executor sees"),
+    ({"checkpoint_dir": "x"}, r"^checkpoint_id must be an int >= 0 when checkpoint_dir"),
+    ({"routing": "fast"}, r"^routing must be one of auto, rdd, arrow"),
+    ({"routing": "arrow"}, r"^routing must be \"arrow\" only for a DataFrame"),
+])
+def test_wrong_arguments_raise_config_errors(rdd: Any, overrides: dict[str, Any],
+                                            pattern: str) -> None:
+    with pytest.raises(ast.ConfigError, match=pattern):
+        keyed(rdd, **overrides)
+
+
+def test_restore_from_another_max_parallelism_is_refused_on_the_driver(
+        rdd: Any, tmp_path: Path) -> None:
+    keyed(rdd, checkpoint_dir=tmp_path, checkpoint_id=1,
+          config=ast.AsyncStateConfig(max_parallelism=64)).count()
+    with pytest.raises(ast.CheckpointError, match=r"max_parallelism 64, but "
+                                                  r"config.max_parallelism is 128"):
+        keyed(rdd, restore_from=tmp_path / "chk-1")
+
+
+def test_data_must_be_an_rdd_or_a_dataframe() -> None:
+    with pytest.raises(TypeError, match=r"^data must be a pyspark RDD or DataFrame, got list"):
+        aspark.process_keyed([1, 2], KeyCounter, key_selector=key_of, num_partitions=1)
