@@ -209,6 +209,37 @@ async def test_processing_time_timers_fire_from_the_wall_clock(make_backend):
         assert op.outputs() == [("k", fn.near)]  # the far one is still pending
 
 
+@pytest.mark.timeout(60)
+async def test_a_wall_clock_timer_due_while_its_key_is_busy_waits_for_the_record(make_backend):
+    gate = asyncio.Event()
+    events: list[str] = []
+
+    class Fn(ast.KeyedProcessFunction):
+        async def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            events.append("record start")
+            service = ctx.timer_service
+            service.register_processing_time_timer(service.current_processing_time())
+            await gate.wait()  # the timer comes due while this record holds the key
+            events.append("record end")
+
+        def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            events.append("timer")
+
+    async with operator(Fn(), make_backend(), timestamp_selector=None) as op:
+        await op.process(("k",))
+        controller = op.controller
+        for _ in range(10_000):  # until the due timer waits for its key
+            if controller.blocking_key_num == 1:
+                break
+            await asyncio.sleep(0.001)
+        else:
+            raise AssertionError("the due timer never asked for its key")
+        assert events == ["record start"]
+        gate.set()
+        await asyncio.wait_for(op.drain(), 30)
+    assert events == ["record start", "record end", "timer"]
+
+
 def test_run_fires_every_event_time_timer_and_drops_processing_time_timers() -> None:
     class Fn(EventTimers):
         def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
