@@ -79,6 +79,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.timers.heap_set",
     "asyncstate.timers.partitioned",
     "asyncstate.timers.rocksdb_set",
+    "asyncstate.timers.service",
     "asyncstate.timers.timer",
 )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from asyncstate.checkpoint.format import checkpoint_path
 from asyncstate.checkpoint.reader import open_checkpoint
+from asyncstate.operator.arguments import check_selector, check_timestamp
 from asyncstate.config import AsyncStateConfig, check_int
 from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.function import KeyedProcessFunction
@@ -114,12 +115,15 @@ def _abspath(path: str | os.PathLike[str] | None) -> str | None:
 def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: int,
           checkpoint_dir: Any, checkpoint_id: int | None, restore_from: Any, backend: Any,
           config: AsyncStateConfig | None, report: RunReport | None,
-          log_level: str | None) -> PartitionSpec:
+          log_level: str | None, timestamp_selector: Any = None,
+          final_watermark: Any = None) -> PartitionSpec:
     """Validate the arguments on the driver; prepare the driver (workers' interpreter, the
     failure hook); the PartitionSpec the partitions receive."""
     factory = _check_factory(function_factory)
-    if not callable(key_selector):
-        raise TypeError(f"key_selector must be callable, got {type(key_selector).__name__}")
+    check_selector("key_selector", key_selector)
+    check_selector("timestamp_selector", timestamp_selector, optional=True)
+    if final_watermark is not None:
+        check_timestamp("final_watermark", final_watermark)
     if config is None:
         config = AsyncStateConfig()
     elif not isinstance(config, AsyncStateConfig):
@@ -150,7 +154,8 @@ def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: 
         backend=_check_backend(backend), config=config,
         checkpoint_dir=_abspath(checkpoint_dir), checkpoint_id=checkpoint_id,
         restore_from=restore, log_level=log_level or driver_log_level(),
-        report=report.accumulator if report is not None else None)
+        report=report.accumulator if report is not None else None,
+        timestamp_selector=timestamp_selector, final_watermark=final_watermark)
 
 
 def _batch_id(sc: Any) -> int | None:
@@ -182,7 +187,9 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
                   restore_from: str | os.PathLike[str] | None = None,
                   backend: BackendSpec = "rocksdb", config: AsyncStateConfig | None = None,
                   output_schema: Any = None, report: RunReport | None = None,
-                  log_level: str | None = None, routing: str = "auto") -> Any:
+                  log_level: str | None = None, routing: str = "auto",
+                  timestamp_selector: Callable[[Any], int | None] | None = None,
+                  final_watermark: int | None = None) -> Any:
     """Run a KeyedProcessFunction over `data` (an RDD, or a DataFrame whose rows reach the
     function as dicts) in `num_partitions` partitions; the emitted values as an RDD, or as a
     DataFrame of `output_schema` (a StructType or DDL string).
@@ -194,6 +201,9 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
     under Spark's local directories), "heap", or a function of that directory returning a
     backend. `report`: a RunReport collecting per-partition figures. `routing`: "auto" (Arrow
     for a DataFrame with `output_schema` when pyarrow is installed), "rdd" or "arrow".
+    `timestamp_selector` gives records their event time; `final_watermark`, when given, is
+    advanced to in each partition after its input ended (its event-time timers fire; later
+    ones stay pending in the checkpoint).
     """
     from pyspark.rdd import RDD
     from pyspark.sql import DataFrame, SparkSession
@@ -210,7 +220,8 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
     spec = _spec(sc, function_factory, key_selector=key_selector,
                  num_partitions=num_partitions, checkpoint_dir=checkpoint_dir,
                  checkpoint_id=checkpoint_id, restore_from=restore_from, backend=backend,
-                 config=config, report=report, log_level=log_level)
+                 config=config, report=report, log_level=log_level,
+                 timestamp_selector=timestamp_selector, final_watermark=final_watermark)
     schema: Any = None
     if output_schema is not None:
         schema = StructType.fromDDL(output_schema) if isinstance(output_schema, str) \
@@ -250,7 +261,10 @@ def partition_runner(function_factory: Callable[[], KeyedProcessFunction], *,
                      restore_from: str | os.PathLike[str] | None = None,
                      backend: BackendSpec = "rocksdb", config: AsyncStateConfig | None = None,
                      report: RunReport | None = None, log_level: str | None = None,
-                     spark_context: Any = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
+                     spark_context: Any = None,
+                     timestamp_selector: Callable[[Any], int | None] | None = None,
+                     final_watermark: int | None = None
+                     ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """A function for `rdd.mapPartitions` (or `foreachPartition`) that runs the function over
     one partition as `process_keyed` does, for an RDD already partitioned by key group:
     partition i must hold only keys of operator i of `num_partitions` (others raise
@@ -264,5 +278,6 @@ def partition_runner(function_factory: Callable[[], KeyedProcessFunction], *,
     spec = _spec(sc, function_factory, key_selector=key_selector,
                  num_partitions=num_partitions, checkpoint_dir=checkpoint_dir,
                  checkpoint_id=checkpoint_id, restore_from=restore_from, backend=backend,
-                 config=config, report=report, log_level=log_level)
+                 config=config, report=report, log_level=log_level,
+                 timestamp_selector=timestamp_selector, final_watermark=final_watermark)
     return _RunRecords(spec)

@@ -11,8 +11,9 @@
 3. Spark's thread runs the loop until a chunk of outputs is ready (or the input is done),
    then yields it with the loop stopped: outputs are buffered up to about one chunk per
    pending chunk of input, never a whole partition.
-4. At the end of input: drain, write this partition's checkpoint part (the commit point,
-   after every output was produced), report.
+4. At the end of input: drain, advance the watermark when a final one is given (its
+   event-time timers fire), write this partition's checkpoint part (the commit point, after
+   every output was produced), report.
 5. On every path (end, failure, an abandoned generator as with `take()`): stop the reader,
    cancel and close the operator (closing its backend), close the loop, remove the
    directory. A worker killed outright runs none of this; nothing depends on it: the next
@@ -60,6 +61,8 @@ class PartitionSpec:
     checkpoint_dir: str | None = None
     checkpoint_id: int | None = None
     restore_from: str | None = None
+    timestamp_selector: Callable[[Any], int | None] | None = None
+    final_watermark: int | None = None  # advanced to after the input ends (timers fire)
     log_level: str = "warning"
     report: Any = None  # a RunReport's accumulator, or None
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -157,6 +160,8 @@ class _Run:
                     self.publish(op.outputs())
                 mark = clock()
                 await op.drain()
+                if spec.final_watermark is not None:
+                    await op.advance_watermark(spec.final_watermark)
                 self.publish(op.outputs())
                 self.phases["drain"] = clock() - mark
                 if spec.checkpoint_dir is not None:
@@ -203,6 +208,7 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
             directory = make_attempt_directory(task.stage, task.partition, task.attempt)
         backend = _make_backend(spec.backend, directory)
         op = KeyedOperator(spec.function_factory(), key_selector=spec.key_selector,
+                           timestamp_selector=spec.timestamp_selector,
                            backend=backend, config=spec.config,
                            parallelism=spec.num_partitions, operator_index=task.partition,
                            restore_from=spec.restore_from)

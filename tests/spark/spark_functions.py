@@ -193,3 +193,22 @@ def run_rescale_chain(sc: Any, checkpoint_dir: str, *, per_run: int = 20_000,
         restore = aspark.verify_checkpoint(checkpoint_dir, run)
     assert restore is not None
     return restore, model_counts(batches)
+
+
+class SessionTimers(ast.KeyedProcessFunction):
+    """Event time: a record (key, ts) registers a timer at ts + 100 and counts its key; the
+    timer emits ("fired", key, timer ts, count, partition)."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        await self.count.update((await self.count.value() or 0) + 1)
+        ctx.timer_service.register_event_time_timer(ctx.timestamp + 100)
+
+    async def on_timer(self, timestamp: int, ctx: Any) -> None:
+        ctx.emit(("fired", ctx.current_key, timestamp, await self.count.value(), _task()[0]))
+
+
+def timestamp_of(record: Any) -> Any:
+    return record[1]
