@@ -748,7 +748,7 @@ def test_run_fails_with_the_exception_of_a_task_a_record_left_running():
 
             asyncio.get_running_loop().create_task(later())
 
-    with pytest.raises(Boom, match="^late$"):
+    with pytest.raises(Boom, match=r"^late$"):
         ast.run(Fn(), [("a", None)], key_selector=first)
 
 

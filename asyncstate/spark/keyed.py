@@ -15,10 +15,10 @@ from typing import Any
 
 from asyncstate.checkpoint.format import checkpoint_path
 from asyncstate.checkpoint.reader import open_checkpoint
-from asyncstate.operator.arguments import check_selector, check_timestamp
 from asyncstate.config import AsyncStateConfig, check_int
 from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.function import KeyedProcessFunction
+from asyncstate.operator.arguments import check_selector, check_timestamp
 from asyncstate.spark.failures import install_driver_hook
 from asyncstate.spark.partition import BackendSpec, PartitionSpec, run_partition
 from asyncstate.spark.report import RunReport

@@ -18,7 +18,6 @@ import sys
 from importlib import resources
 from typing import Any
 
-
 from asyncstate import log as _log
 from asyncstate.log import get_logger
 
