@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import types
 from typing import Any, ClassVar
 
 import pytest
-from shared_functions import normalize
+from shared_functions import FakeState, normalize
 
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.keygroups import key_group_of_bytes
 from asyncstate.runtime.requests import StateKind
 from asyncstate.runtime.requests import StateRequestType as T
 from asyncstate.serde import canonical_key, to_stored
-
-
-@dataclasses.dataclass
-class FakeState:
-    """What HeapBackend.execute_one needs of a state: name, kind and the registered handle."""
-
-    name: str
-    kind: StateKind
-    handle: Any
 
 
 class Heap:
@@ -97,7 +87,6 @@ def _hashable(k: Any) -> Any:
 
 def key_group(key: Any, max_parallelism: int) -> int:
     return int(key_group_of_bytes(canonical_key(key), max_parallelism))
-
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from runtime_harness import Harness
+
 from asyncstate.runtime.epoch import EpochManager, EpochStatus
 
 
@@ -160,3 +164,20 @@ def test_actions_may_close_another_epoch_without_reentering() -> None:
     manager.complete_one_record(a)
     assert order == ["N0.f", "N-nested.f"]
     assert not manager.output_queue
+
+
+def test_a_record_started_by_an_epoch_trigger_delays_that_epoch_final_action() -> None:
+    h = Harness()
+    aec = h.aec
+    events: list[str] = []
+
+    def run(ctx: Any) -> None:
+        h.get().then_accept(lambda _: events.append("record done"))
+
+    def trigger() -> None:
+        aec.start_record(aec.build_context("timer", "k"), run)
+
+    aec.epoch_manager.on_non_record(trigger, lambda: events.append("final"))
+    assert events == []
+    h.trig()
+    assert events == ["record done", "final"]
