@@ -19,10 +19,12 @@ from backend_harness import (
     drained,
     record_context,
 )
-from hypothesis import given, settings
+from executor_doubles import RecordingRemote
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from shared_functions import Script, Sum, keyed_operator, slow_examples
 
+import asyncstate as ast
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.backends.rocksdb import (
     _MIN_PART_KEYS,
@@ -32,7 +34,7 @@ from asyncstate.backends.rocksdb import (
 from asyncstate.backends.rocksdb_layout import _prefix_end, _skip
 from asyncstate.errors import InvalidStateError
 from asyncstate.runtime.future import StateFuture
-from asyncstate.runtime.requests import StateRequest, StateRequestType
+from asyncstate.runtime.requests import IteratorChunk, StateRequest, StateRequestType
 from asyncstate.serde import canonical_key
 
 T = StateRequestType
@@ -383,3 +385,293 @@ async def test_a_list_iterated_after_an_append_in_one_batch_gets_the_counter_wit
         added, chunk, added_too = await harness.run(ops)
         assert (added, chunk.items, chunk.continuation, added_too) == (None, ["a"], None, None)
 
+
+# -- destructive requests on data of an earlier batch, then reads in the same batch ---------
+#
+# The plan answers a read that follows a write of its (key, namespace) from the batch's own
+# overlay, and runs an iteration after the writes before it. These cases start from data an
+# earlier batch left (in the memtable, or after a reopen in SST files), so a clear, a removal
+# or a replacement has something to hide; every read after it must see the batch's view.
+
+USER_KEYS_5 = ["u", "w", "x", "y", "z"]
+
+
+def earlier_writes(key: Any, ns: Any) -> list[Op]:
+    """A value of each value kind, a list of five elements and a map of five entries (more
+    than one chunk at chunk size 2)."""
+    return [("v", T.VALUE_UPDATE, "old", key, ns), ("r", T.REDUCING_ADD, 10, key, ns),
+            ("a", T.AGGREGATING_ADD, [20], key, ns),
+            ("l", T.LIST_ADD_ALL, [1, 2, 3, 4, 5], key, ns),
+            ("m", T.MAP_PUT_ALL, [(u, i) for i, u in enumerate(USER_KEYS_5)], key, ns)]
+
+
+# Each destructive request, as (state, type, payload).
+DESTRUCTIVE: dict[str, tuple[str, StateRequestType, Any]] = {
+    "clear-value": ("v", T.CLEAR, None),
+    "value-update-none": ("v", T.VALUE_UPDATE, None),
+    "clear-reducing": ("r", T.CLEAR, None),
+    "reducing-add-none": ("r", T.REDUCING_ADD, None),
+    "clear-aggregating": ("a", T.CLEAR, None),
+    "aggregating-add-none": ("a", T.AGGREGATING_ADD, None),
+    "clear-list": ("l", T.CLEAR, None),
+    "list-update-empty": ("l", T.LIST_UPDATE, []),
+    "list-update-replace": ("l", T.LIST_UPDATE, [9]),
+    "clear-map": ("m", T.CLEAR, None),
+    "map-remove": ("m", T.MAP_REMOVE, "u"),
+    "map-put-none": ("m", T.MAP_PUT, ("w", None)),
+    "map-put-all-none": ("m", T.MAP_PUT_ALL, [(u, None) for u in USER_KEYS_5]),
+}
+
+# Every request type, as what follows the destructive one on the same (key, namespace).
+FOLLOWERS: dict[str, tuple[str, StateRequestType, Any]] = {
+    "value-get": ("v", T.VALUE_GET, None),
+    "value-update": ("v", T.VALUE_UPDATE, "new"),
+    "clear-value": ("v", T.CLEAR, None),
+    "reducing-get": ("r", T.REDUCING_GET, None),
+    "reducing-add": ("r", T.REDUCING_ADD, 1),
+    "aggregating-get": ("a", T.AGGREGATING_GET, None),
+    "aggregating-add": ("a", T.AGGREGATING_ADD, [2]),
+    "list-get": ("l", T.LIST_GET, None),
+    "list-add": ("l", T.LIST_ADD, 6),
+    "list-add-all": ("l", T.LIST_ADD_ALL, [7, 8]),
+    "list-update": ("l", T.LIST_UPDATE, [0]),
+    "clear-list": ("l", T.CLEAR, None),
+    "map-get": ("m", T.MAP_GET, "u"),
+    "map-contains": ("m", T.MAP_CONTAINS, "w"),
+    "map-put": ("m", T.MAP_PUT, ("u", 7)),
+    "map-put-all": ("m", T.MAP_PUT_ALL, [("w", 8), ("new", 9)]),
+    "map-remove": ("m", T.MAP_REMOVE, "x"),
+    "map-is-empty": ("m", T.MAP_IS_EMPTY, None),
+    "map-iter": ("m", T.MAP_ITER, None),
+    "map-iter-key": ("m", T.MAP_ITER_KEY, None),
+    "map-iter-value": ("m", T.MAP_ITER_VALUE, None),
+    "clear-map": ("m", T.CLEAR, None),
+}
+
+
+def reads(key: Any, ns: Any) -> list[Op]:
+    """Every read of every state of (key, namespace), a list and a map iteration included
+    (the map iterations of keys or values alone follow as FOLLOWERS)."""
+    return [("v", T.VALUE_GET, None, key, ns), ("r", T.REDUCING_GET, None, key, ns),
+            ("a", T.AGGREGATING_GET, None, key, ns), ("l", T.LIST_GET, None, key, ns),
+            *(("m", T.MAP_GET, u, key, ns) for u in [*USER_KEYS_5, "new"]),
+            *(("m", T.MAP_CONTAINS, u, key, ns) for u in [*USER_KEYS_5, "new"]),
+            ("m", T.MAP_IS_EMPTY, None, key, ns), ("m", T.MAP_ITER, None, key, ns)]
+
+
+def destroy_then(destructive: str, follower: str | None, key: Any, ns: Any) -> list[Op]:
+    """The destructive request, the follower (if any), then every read: one segment of a
+    batch, all on (key, namespace)."""
+    ops: list[Op] = [(*DESTRUCTIVE[destructive], key, ns)]  # type: ignore[list-item]
+    if follower is not None:
+        ops.append((*FOLLOWERS[follower], key, ns))  # type: ignore[arg-type]
+    return ops + reads(key, ns)
+
+
+async def drained_at_once(harness: Harness, ops: list[Op], results: list[Any]) -> list[Any]:
+    """`drained`, with the iterations loading their chunks side by side (reads only)."""
+    out = list(results)
+    chunks = [i for i, r in enumerate(results) if isinstance(r, IteratorChunk)]
+    loaded = await asyncio.gather(*(harness.drain(ops[i], results[i]) for i in chunks))
+    for i, items in zip(chunks, loaded, strict=True):
+        out[i] = items
+    return out
+
+
+async def heap_and_rocksdb_answers(path: str, earlier: list[Op], later: list[Op], *,
+                                   chunk: int, inline: int, reopen: bool,
+                                   concurrent: bool) -> tuple[list[Any], list[Any]]:
+    """`earlier` in one batch, then `later` in one batch, on a HeapBackend and on a
+    RocksDBBackend; each side's answers to `later`, iterations drained chunk by chunk.
+    `reopen`: the earlier batch's data is flushed to SST files by closing the database
+    before the later batch. `concurrent`: both batches are handed over before either
+    completes (the later one is planned while the earlier one may be unapplied)."""
+    loop = asyncio.get_running_loop()
+    heap = Harness(HeapBackend(), loop, chunk_size=chunk)
+    [_, expected] = await heap.run_all([earlier, later])
+    expected = await drained_at_once(heap, later, expected)
+    if reopen:
+        with RocksDBBackend(path) as backend:
+            await Harness(backend, loop).run(earlier)
+    with RocksDBBackend(path, inline_read_keys=inline) as backend:
+        rdb = Harness(backend, loop, chunk_size=chunk)
+        if reopen:
+            got = await rdb.run(later)
+        elif concurrent:
+            [_, got] = await rdb.run_all([earlier, later])
+        else:
+            await rdb.run(earlier)
+            got = await rdb.run(later)
+        got = await drained_at_once(rdb, later, got)
+        # What the later batch left behind, read in a batch of its own.
+        after = [op for op in later if op[1] in READ_TYPES]
+        left = await drained_at_once(rdb, after, await rdb.run(after))
+        assert left == await drained_at_once(heap, after, await heap.run(after))
+    return expected, got
+
+
+READ_TYPES = frozenset({T.VALUE_GET, T.REDUCING_GET, T.AGGREGATING_GET, T.LIST_GET,
+                        T.MAP_GET, T.MAP_CONTAINS, T.MAP_IS_EMPTY, *MAP_ITERATIONS})
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # the plan runs the same on either loop
+@pytest.mark.parametrize(("where", "inline"), [
+    ("memtable", 0), ("memtable", 16), ("sst", 0), ("unapplied", 0)],
+    ids=["memtable-pool-reads", "memtable-inline-reads", "sst", "unapplied"])
+async def test_every_request_after_every_destructive_one_in_one_batch_matches_heap(
+        tmp_path: Any, inline: int, where: str) -> None:
+    """Every (destructive request, request type) pair, each on a (key, namespace) of its
+    own that an earlier batch filled, all in one batch, each pair followed by every read
+    (iterations in chunks of two)."""
+    pairs = [(d, f) for d in DESTRUCTIVE for f in [None, *FOLLOWERS]]
+    keys = {pair: (i, "ns" if i % 2 else None) for i, pair in enumerate(pairs)}
+    earlier = [op for key, ns in keys.values() for op in earlier_writes(key, ns)]
+    later = [op for (d, f), (key, ns) in keys.items() for op in destroy_then(d, f, key, ns)]
+    expected, got = await heap_and_rocksdb_answers(
+        str(tmp_path / "db"), earlier, later, chunk=2, inline=inline,
+        reopen=where == "sst", concurrent=where == "unapplied")
+    for op, want, answer in zip(later, expected, got, strict=True):
+        assert answer == want, op
+    # Spot checks against the model itself, so that a mistake the heap shares cannot hide.
+    answers = {(op[3], op[1], op[2]): answer for op, answer in zip(later, got, strict=True)
+               if op[1] in READ_TYPES}
+    k = keys[("clear-map", None)][0]
+    assert answers[(k, T.MAP_CONTAINS, "u")] is False and answers[(k, T.MAP_ITER, None)] == []
+    assert answers[(k, T.MAP_IS_EMPTY, None)] is True
+    k = keys[("list-update-empty", "list-add-all")][0]
+    assert answers[(k, T.LIST_GET, None)] == [7, 8]
+    k = keys[("map-remove", "map-iter-key")][0]
+    assert answers[(k, T.MAP_ITER_KEY, None)] == ["w", "x", "y", "z"]
+    k = keys[("value-update-none", None)][0]
+    assert answers[(k, T.VALUE_GET, None)] is None
+    k = keys[("clear-reducing", "reducing-add")][0]
+    assert answers[(k, T.REDUCING_GET, None)] == 1
+
+
+DESTROY = st.one_of(
+    _op("v", T.CLEAR), _op("v", T.VALUE_UPDATE, st.none()), _op("r", T.CLEAR),
+    _op("a", T.CLEAR), _op("l", T.CLEAR), _op("l", T.LIST_UPDATE, st.lists(VALUES, max_size=1)),
+    _op("m", T.CLEAR), _op("m", T.MAP_REMOVE, USER_KEYS),
+    _op("m", T.MAP_PUT, st.tuples(USER_KEYS, st.none())),
+    _op("m", T.MAP_PUT_ALL, st.lists(st.tuples(USER_KEYS, st.none()), min_size=1, max_size=3)))
+# The later batch's writes come before its iterations: a write between two chunk loads of
+# an iteration may show up on RocksDB and not on the heap (docs/backends.md).
+WRITE_OPS = st.one_of(
+    _op("v", T.VALUE_UPDATE, st.one_of(st.none(), VALUES)), _op("v", T.CLEAR),
+    _op("r", T.REDUCING_ADD, VALUES), _op("a", T.AGGREGATING_ADD, VALUES), _op("a", T.CLEAR),
+    _op("l", T.LIST_ADD, VALUES), _op("l", T.LIST_ADD_ALL, st.lists(VALUES, max_size=3)),
+    _op("l", T.LIST_UPDATE, st.lists(VALUES, max_size=3)), _op("l", T.CLEAR),
+    _op("m", T.MAP_PUT, st.tuples(USER_KEYS, st.one_of(st.none(), VALUES))),
+    _op("m", T.MAP_PUT_ALL, st.lists(st.tuples(USER_KEYS, VALUES), max_size=3)),
+    _op("m", T.MAP_REMOVE, USER_KEYS), _op("m", T.CLEAR))
+READ_OPS = st.one_of(
+    _op("v", T.VALUE_GET), _op("r", T.REDUCING_GET), _op("a", T.AGGREGATING_GET),
+    _op("l", T.LIST_GET), _op("m", T.MAP_GET, USER_KEYS), _op("m", T.MAP_CONTAINS, USER_KEYS),
+    _op("m", T.MAP_IS_EMPTY), st.sampled_from(MAP_ITERATIONS).flatmap(lambda t: _op("m", t)))
+LATER_WRITES = st.lists(WRITE_OPS, max_size=6)
+LATER_READS = st.lists(READ_OPS, min_size=1, max_size=8)
+BASE = [op for key in (0, "k") for ns in (None, "ns") for op in earlier_writes(key, ns)]
+
+
+@settings(max_examples=slow_examples(10), deadline=None)
+@given(earlier=st.lists(WRITE_OPS, max_size=15),
+       destroy=DESTROY, writes=LATER_WRITES, reads=LATER_READS,
+       chunk=st.sampled_from([1, 2, 1000]), where=st.sampled_from(["memtable", "sst",
+                                                                 "unapplied"]),
+       inline=st.sampled_from([0, 4]))
+@example(earlier=[], destroy=("m", T.CLEAR, None, "k", None), writes=[],
+         reads=[("m", T.MAP_CONTAINS, "u", "k", None), ("m", T.MAP_ITER, None, "k", None)],
+         chunk=2, where="memtable", inline=0)
+@example(earlier=[], destroy=("l", T.LIST_UPDATE, [], 0, "ns"),
+         writes=[("l", T.LIST_ADD, "x", 0, "ns")], reads=[("l", T.LIST_GET, None, 0, "ns")],
+         chunk=1, where="sst", inline=0)
+@example(earlier=[], destroy=("m", T.MAP_REMOVE, "u", "k", "ns"), writes=[],
+         reads=[("m", T.MAP_ITER_KEY, None, "k", "ns"), ("m", T.MAP_GET, "u", "k", "ns")],
+         chunk=1, where="unapplied", inline=0)
+@example(earlier=[], destroy=("v", T.VALUE_UPDATE, None, 0, None), writes=[],
+         reads=[("v", T.VALUE_GET, None, 0, None)], chunk=1000, where="sst", inline=4)
+@example(earlier=[], destroy=("m", T.MAP_PUT_ALL, [(u, None) for u in USER_KEYS_5], 0, None),
+         writes=[], reads=[("m", T.MAP_IS_EMPTY, None, 0, None),
+                           ("m", T.MAP_ITER_VALUE, None, 0, None)],
+         chunk=2, where="memtable", inline=4)
+@example(earlier=[], destroy=("l", T.CLEAR, None, "k", None), writes=[],
+         reads=[("l", T.LIST_GET, None, "k", None)], chunk=2, where="unapplied", inline=0)
+@example(earlier=[], destroy=("m", T.MAP_PUT, ("w", None), 0, "ns"),
+         writes=[("m", T.MAP_PUT, ("u", 5), 0, "ns")],
+         reads=[("m", T.MAP_GET, "w", 0, "ns"), ("m", T.MAP_CONTAINS, "w", 0, "ns"),
+                ("m", T.MAP_ITER, None, 0, "ns")], chunk=1, where="sst", inline=0)
+@example(earlier=[], destroy=("a", T.CLEAR, None, "k", "ns"),
+         writes=[("a", T.AGGREGATING_ADD, [1], "k", "ns")],
+         reads=[("a", T.AGGREGATING_GET, None, "k", "ns")], chunk=1000, where="memtable",
+         inline=0)
+def test_destructive_requests_then_anything_in_one_batch_match_heap(
+        earlier: list[Op], destroy: Op, writes: list[Op], reads: list[Op], chunk: int,
+        where: str, inline: int) -> None:
+    """An earlier batch fills every state of a few (key, namespace)s; a later batch starts
+    with a destructive request and goes on with writes, then reads and iterations."""
+    with tempfile.TemporaryDirectory() as tmp:
+        expected, got = asyncio.run(heap_and_rocksdb_answers(
+            os.path.join(tmp, "db"), [*BASE, *earlier], [destroy, *writes, *reads],
+            chunk=chunk, inline=inline, reopen=where == "sst", concurrent=where == "unapplied"))
+    assert got == expected
+
+
+async def test_a_record_that_destroys_then_reads_without_awaiting_shares_one_batch(
+        tmp_path: Any) -> None:
+    """Through the controller: each record issues a destructive request of its own kind and
+    then every read without awaiting (a plain def), all in one batch of a RocksDB behind a
+    recording wrapper; the answers are the heap's."""
+    kinds = sorted(k for k in DESTRUCTIVE if not k.endswith("-add-none"))  # API-level kinds
+    descriptors = dict(v=ast.ValueStateDescriptor("v"), l=ast.ListStateDescriptor("l"),
+                       m=ast.MapStateDescriptor("m"),
+                       r=ast.ReducingStateDescriptor("r", lambda a, b: a + b),
+                       a=ast.AggregatingStateDescriptor("a", Sum()))
+
+    def fill(s: Any, ctx: Any) -> Any:
+        return ast.combine_all([s.v.update("old"), s.r.add(10), s.a.add(20),
+                                s.l.add_all([1, 2, 3, 4, 5]),
+                                s.m.put_all({u: i for i, u in enumerate(USER_KEYS_5)})])
+
+    def destroy_and_read(s: Any, ctx: Any) -> Any:
+        name, t, payload = DESTRUCTIVE[kinds[ctx.current_key]]
+        state = getattr(s, name)
+        if t is T.CLEAR:
+            state.clear()
+        elif t is T.MAP_REMOVE:
+            state.remove(payload)
+        elif t is T.MAP_PUT:
+            state.put(*payload)
+        elif t is T.MAP_PUT_ALL:
+            state.put_all(dict(payload))
+        else:  # LIST_UPDATE, VALUE_UPDATE
+            state.update(payload)
+        reads = [s.v.value(), s.r.get(), s.a.get(),
+                 s.l.get().then_compose(lambda it: it.to_list()),
+                 *(s.m.get(u) for u in USER_KEYS_5), *(s.m.contains(u) for u in USER_KEYS_5),
+                 s.m.is_empty(), s.m.entries().then_compose(lambda it: it.to_list())]
+        return ast.combine_all(reads).then_accept(lambda got: ctx.emit((ctx.current_key, got)))
+
+    async def run(backend: Any) -> list[Any]:
+        config = ast.AsyncStateConfig(batch_size=10_000, buffer_timeout_ms=0,
+                                      iterator_chunk_size=2)
+        async with keyed_operator(Script(**descriptors), backend, config=config) as op:
+            for k in range(len(kinds)):
+                await op.process((k, fill))
+            await op.drain()
+            for k in range(len(kinds)):
+                await op.process((k, destroy_and_read))
+            await op.drain()
+            return sorted(op.outputs(), key=lambda out: out[0])
+
+    recording = RecordingRemote(ast.RocksDBBackend(str(tmp_path / "db")), latency_ms=0)
+    got = await run(recording)
+    assert got == await run(ast.HeapBackend())
+    # The destructive requests and the first round of reads of every record were one batch.
+    # (A merging state's get after a write of that state waits for the write, so it is
+    # issued into the next batch; every other request the records issued did share one.)
+    issued = [(i, r) for i, batch in enumerate(recording.batches) for r in batch
+              if r[1][1] is destroy_and_read and r[2] not in (
+                  T.ITERATOR_LOADING, T.REDUCING_GET, T.AGGREGATING_GET)]
+    assert {i for i, _ in issued} == {issued[0][0]}
+    assert {key for _, (key, _, _) in issued} == set(range(len(kinds)))
+    assert len(issued) == len(kinds) * (1 + 14)  # the destructive request and 14 reads

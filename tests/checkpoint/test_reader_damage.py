@@ -634,3 +634,82 @@ def test_missing_data_file_is_named(tmp_path):
                              r"part-1-0 is missing"):
         open_checkpoint(chk)
 
+
+# -- damage that still decodes: only the checksum can tell ----------------------------------
+
+
+def _overwrite(path: str, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_a_changed_character_inside_a_string_is_refused_by_the_checksum(tmp_path: Any) -> None:
+    """One letter of a msgpack string changed in place: the key group still decodes, into
+    other records, and only its CRC says that the file is not what was written."""
+    chk = checkpoint_path(tmp_path, 1)
+    write_all(chk, 2)
+    part = open_checkpoint(chk).parts[1]
+    kg = 12
+    entry = part.key_groups[kg]
+    with open(part.data_path, "rb") as f:
+        f.seek(entry.offset)
+        blob = f.read(entry.size)
+    at = blob.index(b"r12-1")  # inside the str record field f"r{kg}-{i}"
+    changed = blob[:at] + b"s" + blob[at + 1:]
+    original, decoded = _records(blob), _records(changed)
+    assert len(decoded) == len(original) and decoded != original  # it decodes, to other data
+    _overwrite(part.data_path, entry.offset + at, b"s")
+
+    cp = open_checkpoint(chk)  # the sizes are intact
+    message = (rf"^checksum mismatch in data file {q(part.data_path)}, key group {kg}: "
+               r"the file is damaged$")
+    with pytest.raises(CheckpointError, match=message) as exc:
+        read_all(chk, KeyGroupRange(8, 15))
+    assert exc.value.path == part.data_path
+    with pytest.raises(CheckpointError, match=message) as exc:
+        cp.verify()
+    assert exc.value.path == part.data_path
+    assert read_all(chk, KeyGroupRange(0, 7))  # the other part reads fine
+
+
+async def test_a_changed_value_that_still_decodes_is_refused_at_restore(chk: Copy) -> None:
+    """A stored count (msgpack int 2) becomes 3, in place and of the same size: the record,
+    its value bytes and the manifest are all well-formed, so without the CRC the restore would
+    quietly hand the job a wrong count."""
+    kg, _ = chk.first_key_group()
+    groups, _ = chk.payloads()
+    blob = groups[kg]
+    records = _records(blob)
+    assert _packed(*records) == blob  # the writer's encoding, reproduced byte for byte
+    for i, record in enumerate(records):
+        if record[0] == "count":
+            assert record[3] == msgpack.packb(2)
+            records[i] = [*record[:3], msgpack.packb(3)]
+            break
+    else:
+        raise AssertionError(f"no count in key group {kg}")
+    changed = _packed(*records)
+    assert len(changed) == len(blob) and _records(changed) == records
+    entry = next(e for e in chk.manifest()["key_groups"] if e["key_group"] == kg)
+    _overwrite(chk.data_path(), entry["offset"], changed)
+
+    path = chk.data_path()
+    await assert_restore_refused(
+        chk, rf"^checksum mismatch in data file {q(path)}, key group {kg}: the file is "
+             r"damaged$", path)
+
+
+@pytest.mark.xfail(strict=True, reason="CheckpointError has only `path`: the key group of a "
+                   "damaged key group is named in the message but not given as an attribute "
+                   "(KeyGroupError has `key_group`)")
+def test_a_checksum_error_gives_the_key_group_as_an_attribute(tmp_path: Any) -> None:
+    chk = checkpoint_path(tmp_path, 1)
+    write_all(chk, 1)
+    part = open_checkpoint(chk).parts[0]
+    entry = part.key_groups[12]
+    damage(part.data_path, entry.offset + entry.size // 2)
+    with pytest.raises(CheckpointError) as exc:
+        read_all(chk)
+    assert exc.value.path == part.data_path
+    assert getattr(exc.value, "key_group", None) == 12

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 from checkpoint_files import (
@@ -17,7 +19,9 @@ from checkpoint_files import (
     read_consistent,
     write_attempt,
 )
+from shared_functions import Counter, keyed_operator
 
+import asyncstate as ast
 from asyncstate.checkpoint import writer
 from asyncstate.checkpoint.format import (
     MANIFEST_NAME,
@@ -116,7 +120,6 @@ def kill_mid_write(tmp_path, chk: str, phase: str) -> None:
             if time.monotonic() > deadline:
                 pytest.fail("writer never reached the kill point")
             time.sleep(0.01)
-        time.sleep(0.2)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
@@ -221,3 +224,103 @@ def test_an_existing_part_directory_is_made_durable_again(tmp_path, monkeypatch)
     assert synced[:2] == [str(tmp_path), os.path.abspath(chk)]
     assert read_consistent(chk) == (0, 0)
 
+
+# -- the order in which a part reaches the disk ---------------------------------------------
+
+
+class DiskCalls:
+    """Records, calling through, the calls that make a part durable: each `os.fsync` as the
+    file it synced (device and inode, whether a directory, its size at that moment) and each
+    `os.replace`. A file keeps its inode across a rename, so the temporary manifest's fsync is
+    matched to the manifest it becomes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        real_fsync, real_replace = os.fsync, os.replace
+
+        def fsync(fd: int) -> None:
+            st = os.fstat(fd)
+            self.calls.append(("fsync", (st.st_dev, st.st_ino), stat.S_ISDIR(st.st_mode),
+                               st.st_size))
+            real_fsync(fd)
+
+        def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+            self.calls.append(("replace", os.fspath(src), os.fspath(dst)))
+            real_replace(src, dst, **kwargs)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+
+    def named(self, paths: dict[str, str]) -> list[str]:
+        """The calls in order, each file named by the key of `paths` it is (a directory
+        fsync as "dir <name>"), each rename as "rename <source> -> <destination>"."""
+        names = {}
+        for name, path in paths.items():
+            st = os.stat(path)
+            names[(st.st_dev, st.st_ino)] = name
+        out = []
+        for call in self.calls:
+            if call[0] == "fsync":
+                name = names.get(call[1], "unknown")
+                out.append(f"fsync dir {name}" if call[2] else f"fsync {name}")
+            else:
+                src, dst = (os.path.basename(p) for p in call[1:])
+                src = "temporary manifest" if src.startswith(MANIFEST_NAME + ".tmp-") else src
+                out.append(f"rename {src} -> {dst}")
+        return out
+
+    def size_at_fsync(self, path: str) -> int:
+        st = os.stat(path)
+        [size] = [c[3] for c in self.calls if c[0] == "fsync" and c[1] == (st.st_dev, st.st_ino)]
+        return int(size)
+
+
+# What must reach the disk, in this order: the data file (all of it), the part directory's
+# entry for it, the temporary manifest (all of it), then the rename that commits the part,
+# then the part directory again so the rename itself survives a crash. The checkpoint
+# directory and its parent are synced first (they may have just been created).
+DURABLE_ORDER = [
+    "fsync dir parent", "fsync dir checkpoint",
+    "fsync data file", "fsync dir part", "fsync manifest",
+    f"rename temporary manifest -> {MANIFEST_NAME}", "fsync dir part",
+]
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["new-part", "rewrite"])
+def test_the_data_file_and_the_manifest_are_durable_before_the_manifest_is_renamed(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, rewrite: bool) -> None:
+    chk = checkpoint_path(tmp_path, 1)
+    part_dir = os.path.join(chk, "part-1-0")
+    if rewrite:
+        write_attempt(chk, 0, 0)
+    disk = DiskCalls(monkeypatch)
+    write_attempt(chk, 1, 1)
+    monkeypatch.undo()
+    manifest = committed(part_dir)
+    data_path = os.path.join(part_dir, manifest["data_file"])
+    manifest_path = os.path.join(part_dir, MANIFEST_NAME)
+    assert disk.named({"parent": str(tmp_path), "checkpoint": chk, "part": part_dir,
+                       "data file": data_path, "manifest": manifest_path}) == DURABLE_ORDER
+    # Each file was synced once it held all it holds: a sync before the last write (or the
+    # flush of the write buffer) would leave the tail in the page cache.
+    assert disk.size_at_fsync(data_path) == manifest["data_size"] == os.path.getsize(data_path)
+    assert disk.size_at_fsync(manifest_path) == os.path.getsize(manifest_path)
+    assert read_consistent(chk) == (1, 1)
+
+
+async def test_a_snapshot_of_an_operator_makes_its_part_durable_in_the_same_order(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    op = keyed_operator(Counter(), ast.HeapBackend())
+    async with op:
+        for i in range(20):
+            await op.process((i % 5, i))
+        disk = DiskCalls(monkeypatch)
+        path = await op.snapshot(str(tmp_path), 7)
+        monkeypatch.undo()
+    part_dir = os.path.join(path, "part-1-0")
+    manifest = committed(part_dir)
+    data_path = os.path.join(part_dir, manifest["data_file"])
+    assert disk.named({"parent": str(tmp_path), "checkpoint": path, "part": part_dir,
+                       "data file": data_path,
+                       "manifest": os.path.join(part_dir, MANIFEST_NAME)}) == DURABLE_ORDER
+    assert disk.size_at_fsync(data_path) == manifest["data_size"]
