@@ -15,6 +15,8 @@ from shared_functions import (
     BaseBoom,
     Boom,
     first,
+    keyed_operator,
+    new_backend,
     slow_examples,
 )
 
@@ -329,3 +331,117 @@ def test_a_failing_record_fails_the_run_with_its_exception_and_the_rest_match_th
     for out in seen["outputs"]:
         assert out == expected[out[3]]
     assert seen["backend"]._closed
+
+
+# -- exclusivity, order and the in-flight peak, each asserted directly ------------------------
+
+
+class Gated(ast.KeyedProcessFunction):
+    """record (key, i): logs ("enter", key, i) as its code starts, reads the key's counter,
+    waits for gate i, writes n = counter + 1, then logs ("exit", key, i) and emits
+    (key, i, n). A record that starts while
+    another of its key runs fails the run at once (AssertionError)."""
+
+    def __init__(self, gates: list[asyncio.Event]) -> None:
+        self.gates = gates
+        self.log: list[tuple[str, Any, int]] = []
+        self.running: dict[Any, int] = {}
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, record: Any, ctx: Any) -> None:
+        key, i = record
+        assert key not in self.running, f"record {i} started while {self.running[key]} ran"
+        self.running[key] = i
+        self.log.append(("enter", key, i))
+        n = (await self.count.value() or 0) + 1
+        await self.gates[i].wait()
+        await self.count.update(n)
+        del self.running[key]
+        self.log.append(("exit", key, i))
+        ctx.emit((key, i, n))
+
+
+async def until(op: ast.KeyedOperator, predicate: Any, what: str) -> None:
+    """Let the loop run until `predicate()` holds; raise the run's failure as soon as there
+    is one (bounded: a regression fails here, not at the suite's timeout)."""
+    for _ in range(10_000):
+        if op.controller.failure is not None:
+            raise op.controller.failure
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def run_gated(keys: list[int], limit: int, kind: str, batch_size: int,
+                    seed: int) -> None:
+    import random
+
+    n = len(keys)
+    gates = [asyncio.Event() for _ in range(n)]
+    fn = Gated(gates)
+    config = ast.AsyncStateConfig(max_in_flight=limit, batch_size=batch_size,
+                                  buffer_timeout_ms=1)
+    async with asyncio.timeout(10), \
+            keyed_operator(fn, new_backend(kind), config=config) as op:
+        async def produce() -> None:
+            for i, key in enumerate(keys):
+                await op.process((key, i))
+
+        producer = asyncio.create_task(produce())
+        try:
+            # Nothing finishes before a gate opens: exactly min(limit, n) records get in.
+            await until(op, lambda: op.metrics["records_in"] == min(limit, n), "admission")
+            assert op.metrics["in_flight"] == min(limit, n)
+            assert producer.done() == (n <= limit)
+            rng = random.Random(seed)
+            released: set[int] = set()
+
+            def waiting() -> list[int]:
+                return [i for what, _, i in fn.log if what == "enter" and i not in released]
+
+            while len(released) < n:
+                # A record of a freed key, or one admitted as capacity frees, starts soon.
+                await until(op, lambda: waiting(), "a record starts")
+                i = rng.choice(waiting())
+                released.add(i)
+                gates[i].set()
+                assert op.metrics["in_flight"] <= limit
+            await producer
+        finally:
+            producer.cancel()  # when the test failed: a producer may wait for capacity
+        await op.drain()
+        outputs = op.outputs()
+        metrics = op.metrics
+    assert metrics["in_flight_peak"] == min(limit, n)
+    arrived: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        arrived.setdefault(key, []).append(i)
+    entered: dict[int, list[int]] = {}
+    for what, key, i in fn.log:
+        if what == "enter":
+            entered.setdefault(key, []).append(i)
+    assert entered == arrived  # each key's records started in arrival order
+    assert sorted(outputs, key=lambda o: o[1]) == [
+        (key, i, arrived[key].index(i) + 1) for i, key in enumerate(keys)]
+
+
+@settings(max_examples=slow_examples(15), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(keys=st.lists(st.integers(0, 4), min_size=1, max_size=20), limit=st.integers(1, 8),
+       kind=st.sampled_from(["heap", "remote0"]), batch_size=st.sampled_from([1, 3, 100]),
+       seed=st.integers(0, 2**32 - 1))
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_records_of_one_key_never_overlap_and_the_peak_is_exact(
+        loop_name: str, keys: list[int], limit: int, kind: str, batch_size: int,
+        seed: int) -> None:
+    """Each record holds a gate the test opens in random order, so the test knows how many
+    records can be in flight: min(max_in_flight, records), never more; a record of a busy
+    key starts only after the one before it finished, in arrival order."""
+    import uvloop
+
+    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(run_gated(keys, limit, kind, batch_size, seed))
