@@ -173,7 +173,8 @@ async def run_records(fn: ast.KeyedProcessFunction, records: Iterable[Any], back
                                  config=config or ast.AsyncStateConfig(**options)) as op:
         for record in records:
             await op.process(record)
-        await op.drain()
+        async with asyncio.timeout(60):  # a record that never ends fails here
+            await op.drain()
         return op.outputs()
 
 
@@ -202,6 +203,36 @@ def run_python(code: str, *, pure: bool, timeout: float = 60) -> subprocess.Comp
         env["ASYNCSTATE_PURE_PYTHON"] = "1"
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# -- waiting without sleeping ----------------------------------------------------------------
+
+
+async def let_loop_run(rounds: int = 20) -> None:
+    """Let the callbacks the loop has ready run, and those they schedule, for `rounds`
+    iterations. What has not happened by then waits for something the test controls (an
+    event, a gate), not for time to pass."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+class Reached:
+    """How many records reached a point of their code: a record calls `mark()` there (before
+    it waits on a gate, say) and the test awaits `at_least(n)` instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+
+    def mark(self) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def at_least(self, n: int, timeout: float = 10) -> None:
+        async with asyncio.timeout(timeout):
+            while self.count < n:
+                self._changed.clear()
+                await self._changed.wait()
 
 
 # -- keyed functions -------------------------------------------------------------------------
@@ -398,6 +429,17 @@ async def open_declaring(declare: Callable[[ast.RuntimeContext], Any]) -> Any:
     async with ast.KeyedOperator(fn, key_selector=ident, backend=ast.HeapBackend()):
         pass
     return fn.declared
+
+
+async def items_of(iterator: Any, limit: int) -> list[Any]:
+    """The items of a StateIterator through `async for`, failing once more than `limit`
+    came: an iteration that never ends fails its test instead of stalling the suite."""
+    items: list[Any] = []
+    async for item in iterator:
+        items.append(item)
+        if len(items) > limit:
+            raise AssertionError(f"the iteration goes on past {limit} items")
+    return items
 
 
 async def to_list(future: Any) -> list[Any]:

@@ -162,12 +162,11 @@ async def test_close_with_calls_under_way_releases_threads_and_drops_queued_call
     backend = RecordingRemote(HeapBackend(), latency_ms=400, io_parallelism=2)
     aec, state = build(backend)
     futs = [issue(aec, state, k) for k in range(10)]
-    await asyncio.sleep(0.005)
+    assert await wait_for_condition(lambda: backend.sleeping == 2)  # both I/O slots busy
     aec.close()
     backend.close()
     assert all(isinstance(f.exception(), InvalidStateError) for f in futs)
     assert await wait_for_condition(lambda: not any(t.is_alive() for t in remote_threads()))
-    await asyncio.sleep(0.01)
     assert backend._slept_count <= 2  # the queued calls were cancelled, not slept
     assert aec.failure is None  # nothing was delivered into the closed controller
 

@@ -230,6 +230,7 @@ async def test_chunked_iteration_size_3_over_100_items(rocks):
         assert len(first.items) == 3 and first.continuation is not None
         chunks, continuation = 1, first.continuation
         while continuation is not None:
+            assert chunks < 34, "more chunks than 100 items make"
             name, _t, _p, key, ns = op
             loading = StateRequest(rdb.states[name], T.ITERATOR_LOADING, (t, continuation),  # type: ignore[arg-type]
                                    canonical_key(ns), record_context(key), StateFuture())

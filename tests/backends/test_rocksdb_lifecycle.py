@@ -23,7 +23,8 @@ from backend_harness import (
     key_of,
     run_operator,
 )
-from shared_functions import Boom, Counter
+from executor_doubles import wait_for_condition
+from shared_functions import Boom, Counter, let_loop_run
 
 import asyncstate as ast
 from asyncstate.backends.base import ExecutorBinding
@@ -385,8 +386,8 @@ async def test_body_error_with_pool_reads_queued_releases_directory_and_threads(
             occupy_pool(backend, release_after=0.3)
             for k in range(50):
                 await op.process(k)
-            await asyncio.sleep(0.05)  # batches are planned; their multi-gets wait
-            assert backend._reading > 0
+            # batches are planned; their multi-gets wait for the held pool
+            assert await wait_for_condition(lambda: backend._reading > 0)
             raise Boom("the body failed")
     assert info.value.__context__ is None  # nothing raised while closing
     assert pool_threads_alive(backend) == []
@@ -422,7 +423,7 @@ async def test_cancelled_while_draining_pool_reads_releases_directory(tmp_path):
 
     task = asyncio.ensure_future(body())
     await entered.wait()
-    await asyncio.sleep(0.02)
+    await let_loop_run()  # the drain waits for reads the held pool does not serve
     assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -431,7 +432,7 @@ async def test_cancelled_while_draining_pool_reads_releases_directory(tmp_path):
     with RocksDBBackend(path) as reopened:  # released at once
         assert reopened.registered_states() == {"count": StateKind.VALUE}
     # Let the reads' late wake-ups run on the loop: they must not fail.
-    await asyncio.sleep(0.05)
+    await let_loop_run()
 
 
 @pytest.mark.timeout(60)
@@ -481,7 +482,7 @@ async def test_cancelled_during_the_clean_exit_drain_releases_the_directory(tmp_
 
     task = asyncio.ensure_future(body())
     await exiting.wait()
-    await asyncio.sleep(0.02)
+    await let_loop_run()  # the clean exit drains: cancelled there
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -507,8 +508,7 @@ def test_close_after_the_loop_closed_with_reads_still_queued(tmp_path):
         gates.append(occupy_pool(backend, release_after=30))
         for k in range(20):
             await op.process(k)
-        await asyncio.sleep(0.02)
-        assert backend._reading > 0
+        assert await wait_for_condition(lambda: backend._reading > 0)
 
     loop = asyncio.new_event_loop()
     try:

@@ -516,7 +516,8 @@ def test_bad_stale_after_s_is_refused_before_commit(tmp_path):
     part_dir = os.path.join(chk, "part-1-0")
     with open(os.path.join(part_dir, "data-0123abcd.bin"), "wb") as f:
         f.write(b"leftover")
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(ast.ConfigError, match=r"^stale_after_s must be a finite number of "
+                                              r"seconds >= 0, got None$"):
         write_attempt(chk, 0, 1, stale_after_s=None)
     assert read_consistent(chk) == (0, 0)  # a refused write must not have committed
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -90,8 +91,10 @@ def test_two_processes_rewriting_one_part_while_a_reader_opens_it(tmp_path):
                               stderr=subprocess.PIPE, cwd=os.getcwd()) for w in (1, 2)]
     seen: set[tuple[int, int]] = set()
     refused = 0
+    deadline = time.monotonic() + 50
     try:
         while any(p.poll() is None for p in procs):
+            assert time.monotonic() < deadline, "the writer processes did not finish"
             try:
                 seen.add(read_consistent(chk))
             except CheckpointError:

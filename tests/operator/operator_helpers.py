@@ -10,7 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from shared_functions import Step, keyed_operator
+from shared_functions import Reached, Step, keyed_operator, let_loop_run
 
 import asyncstate as ast
 
@@ -60,9 +60,11 @@ async def raises_same(exc: BaseException, awaitable: Any) -> None:
 async def assert_waits_for_records(make_backend, call, **kwargs):
     """`call(op)` must not return before the records started earlier have finished."""
     gate = asyncio.Event()
+    reached = Reached()
 
     async def wait(fn, ctx):
         await fn.v.value()
+        reached.mark()
         await gate.wait()
         await fn.v.update(1)
         ctx.emit(ctx.current_key)
@@ -70,13 +72,18 @@ async def assert_waits_for_records(make_backend, call, **kwargs):
     async with keyed_operator(Step(), make_backend(), **kwargs) as op:
         for k in range(4):
             await op.process((k, wait))
+        await reached.at_least(4)  # every record waits at the gate: nothing is left to do
         task = asyncio.ensure_future(call(op))
-        await asyncio.sleep(0.05)
+        # Returning at once, or once the loop is idle, would be returning early.
+        returned_with_gate: list[bool] = []
+        task.add_done_callback(lambda _: returned_with_gate.append(gate.is_set()))
+        await let_loop_run()
         assert not task.done()
         assert op.outputs() == []
         gate.set()
         async with asyncio.timeout(3):
             await task
+        assert returned_with_gate == [True]
         assert sorted(op.outputs()) == [0, 1, 2, 3]
         assert op.metrics["in_flight"] == 0
 

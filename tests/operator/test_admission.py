@@ -21,6 +21,7 @@ from shared_functions import (
     cfg,
     first,
     keyed_operator,
+    let_loop_run,
     new_backend,
     op_of,
     with_tag,
@@ -111,7 +112,7 @@ async def test_cancelling_a_process_blocked_on_back_pressure_admits_nothing(
         await op.process(("a", slow, 0))
         await op.process(("b", slow, 1))
         blocked = asyncio.ensure_future(op.process(("c", slow, 2)))
-        await asyncio.sleep(0.02)
+        await let_loop_run()
         assert not blocked.done()
         blocked.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -183,7 +184,7 @@ async def test_failure_while_process_is_blocked_on_back_pressure_raises_it() -> 
         async with op:
             await op.process(("a", bad))
             blocked = asyncio.ensure_future(op.process(("b", bad)))
-            await asyncio.sleep(0.01)
+            await let_loop_run()
             assert not blocked.done()
             gate.set()
             await raises_same(err, asyncio.wait_for(blocked, 5))

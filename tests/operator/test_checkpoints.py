@@ -321,6 +321,7 @@ async def test_a_snapshot_under_steady_input_holds_exactly_the_records_admitted_
     part holds exactly the records whose process() returned before the call."""
     admitted = 0
     keys = 10
+    progress = asyncio.Condition()
 
     async def feed(op: ast.KeyedOperator) -> None:
         nonlocal admitted
@@ -329,7 +330,13 @@ async def test_a_snapshot_under_steady_input_holds_exactly_the_records_admitted_
             await op.process(i % keys)
             admitted += 1
             i += 1
-            await asyncio.sleep(0.0005)
+            async with progress:
+                progress.notify_all()
+            await asyncio.sleep(0.0005)  # steady input, not a burst
+
+    async def admitted_at_least(n: int) -> None:
+        async with asyncio.timeout(60), progress:
+            await progress.wait_for(lambda: admitted >= n)
 
     op = ast.KeyedOperator(SlowCounter(), key_selector=lambda r: r, backend=ast.HeapBackend(),
                            config=ast.AsyncStateConfig(max_in_flight=100))
@@ -338,14 +345,11 @@ async def test_a_snapshot_under_steady_input_holds_exactly_the_records_admitted_
         try:
             paths = []
             for checkpoint_id in (1, 2):
-                while admitted < 50 * checkpoint_id:
-                    await asyncio.sleep(0.001)
+                await admitted_at_least(50 * checkpoint_id)
                 before = admitted
                 async with asyncio.timeout(60):  # without the barrier: never returns
                     paths.append((await op.snapshot(tmp_path, checkpoint_id), before))
-            async with asyncio.timeout(60):  # the producer goes on after the snapshots
-                while admitted < before + 10:
-                    await asyncio.sleep(0.001)
+            await admitted_at_least(before + 10)  # the producer goes on after the snapshots
         finally:
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -17,6 +17,7 @@ from shared_functions import (
     Counter,
     cfg,
     first,
+    let_loop_run,
     op_of,
     with_tag,
 )
@@ -37,7 +38,8 @@ async def test_cancelling_drain_leaves_the_operator_usable(make_backend: Any) ->
     async with op_of(RecordStep(), make_backend()) as op:
         await op.process(("a", slow))
         d = asyncio.ensure_future(op.drain())
-        await asyncio.sleep(0.01)
+        await let_loop_run()  # the drain waits for record "a"
+        assert not d.done()
         d.cancel()
         with pytest.raises(asyncio.CancelledError):
             await d

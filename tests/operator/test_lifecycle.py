@@ -15,8 +15,10 @@ from operator_helpers import (
 from shared_functions import (
     Boom,
     Counter,
+    Reached,
     Step,
     keyed_operator,
+    let_loop_run,
     new_backend,
     op_of,
     with_tag,
@@ -69,7 +71,10 @@ async def test_exit_by_cancellation_closes_without_draining_and_reraises() -> No
     gate = asyncio.Event()
     backend = new_backend("remote1")
 
+    reached = Reached()
+
     async def slow(fn: Any, rec: Any, ctx: Any) -> None:
+        reached.mark()  # started: its read waits for a batch no timeout sends
         await fn.v.value()
         await gate.wait()
 
@@ -78,10 +83,10 @@ async def test_exit_by_cancellation_closes_without_draining_and_reraises() -> No
     async def body() -> None:
         async with op:
             await op.process(("a", slow))
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()  # until cancelled
 
     task = asyncio.ensure_future(body())
-    await asyncio.sleep(0.02)
+    await reached.at_least(1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -93,6 +98,8 @@ class Logged(ast.KeyedProcessFunction):
 
     def __init__(self) -> None:
         self.log: list[Any] = []
+        self.started = Reached()
+        self.ended = Reached()
 
     def open(self, ctx: Any) -> None:
         self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
@@ -100,6 +107,7 @@ class Logged(ast.KeyedProcessFunction):
     async def process_element(self, rec: Any, ctx: Any) -> None:
         key, tag, gate, err = rec
         self.log.append(("start", key, tag))
+        self.started.mark()
         try:
             await self.v.value()
             if gate is not None:
@@ -109,6 +117,7 @@ class Logged(ast.KeyedProcessFunction):
             ctx.emit(tag)
         finally:
             self.log.append(("end", key, tag))
+            self.ended.mark()
 
 
 def _starts(log: list[Any]) -> list[Any]:
@@ -126,7 +135,6 @@ def _check_same_key_never_overlaps(log: list[Any]) -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.backends("heap", "remote0", "remote1", "rocksdb")
 @pytest.mark.parametrize("backend", ["heap", "remote1"])
 async def test_exit_by_exception_does_not_start_records_waiting_for_their_key(
         backend: str) -> None:
@@ -137,9 +145,9 @@ async def test_exit_by_exception_does_not_start_records_waiting_for_their_key(
         async with op:
             await op.process(("a", 1, gate, None))
             await op.process(("a", 2, None, None))
-            await asyncio.sleep(0.02)
+            await fn.started.at_least(1)  # record 1 holds the key, record 2 waits for it
             raise KeyError("body")
-    await asyncio.sleep(0.02)
+    await let_loop_run()  # a record started by the close would start now
     assert _starts(fn.log) == [("a", 1)]
     _check_same_key_never_overlaps(fn.log)
 
@@ -155,9 +163,9 @@ async def test_exit_after_a_failure_does_not_start_records_waiting_for_their_key
             await op.process(("a", 1, gate, None))
             await op.process(("a", 2, None, None))
             await op.process(("b", 3, None, err))
-            await asyncio.sleep(0.02)
+            await fn.ended.at_least(1)  # record 3 failed the run
     assert info.value is err
-    await asyncio.sleep(0.02)
+    await let_loop_run()
     _check_same_key_never_overlaps(fn.log)
     assert ("a", 2) not in _starts(fn.log)
 
@@ -208,15 +216,17 @@ async def test_clean_exit_drains(make_backend):
 @pytest.mark.timeout(10)
 async def test_exception_in_block_closes_without_draining_and_reraises(make_backend):
     never = asyncio.Event()
+    reached = Reached()
 
     async def stuck(fn, ctx):
         await fn.v.value()
+        reached.mark()
         await never.wait()
 
     with pytest.raises(KeyError, match="from the block"):  # not TimeoutError: no drain
         async with asyncio.timeout(5), keyed_operator(Step(), make_backend()) as op:
             await op.process(("a", stuck))
-            await asyncio.sleep(0.01)
+            await reached.at_least(1)
             raise KeyError("from the block")
 
 
@@ -234,16 +244,19 @@ def test_exit_on_exception_with_a_record_awaiting_state_in_a_task_does_not_hang(
             self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
 
         async def process_element(self, value, ctx):
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # moves the record into a Task
+            awaiting.set()
             await self.v.value()
 
     async def main():
+        global awaiting
+        awaiting = asyncio.Event()
         backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=50)
         try:
             async with ast.KeyedOperator(Fn(), key_selector=lambda r: r,
                                          backend=backend) as op:
                 await op.process("a")
-                await asyncio.sleep(0.01)
+                await awaiting.wait()
                 raise KeyError("the block failed")
         except KeyError:
             print("closed")

@@ -9,6 +9,7 @@ import pytest
 from shared_functions import (
     Boom,
     Counter,
+    Reached,
     Step,
     Sum,
     first,
@@ -203,15 +204,17 @@ async def test_sync_points_are_not_counted_as_requests(make_backend):
 
 async def test_in_flight_counts_running_records(make_backend):
     gate = asyncio.Event()
+    reached = Reached()
 
     async def wait(fn, ctx):
         await fn.v.value()
+        reached.mark()
         await gate.wait()
 
     async with keyed_operator(Step(), make_backend()) as op:
         for k in range(3):
             await op.process((k, wait))
-        await asyncio.sleep(0.02)
+        await reached.at_least(3)
         assert op.metrics["in_flight"] == 3
         assert op.metrics["records_done"] == 0
         gate.set()

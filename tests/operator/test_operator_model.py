@@ -167,7 +167,6 @@ def _check_model(outputs: list[Any], records: list[Any]) -> None:
         assert actual[key] == expected[key], key
 
 
-@pytest.mark.backends("heap", "remote0", "remote1", "rocksdb")
 @pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("backend", ["heap", "remote0", "remote_latency"])
 @settings(max_examples=slow_examples(25), deadline=None,

@@ -32,6 +32,7 @@ from shared_functions import (
     Counter,
     FakeState,
     Sum,
+    let_loop_run,
     new_backend,
     op_of,
     with_tag,
@@ -421,8 +422,8 @@ async def test_executor_raising_synchronously_fails_the_run(path: str) -> None:
     try:
         async with op:
             await op.process(("a", 0))
-            if path == "timeout":
-                await asyncio.sleep(0.2)
+            if path == "timeout":  # the 5 ms buffer timeout sends the batch, which raises
+                assert await wait_for_condition(lambda: op.controller.failure is not None)
             for _ in range(2):  # the error, promptly, every time; never a hang
                 with pytest.raises(Boom):
                     await asyncio.wait_for(op.drain(), 2)
@@ -627,7 +628,9 @@ async def test_drain_inflight_records_sends_partial_batches_and_waits() -> None:
     await settle(h)
     assert h.executor.pending_batch_num == 1  # the partial batch went out at once
     assert not drain.done()
-    while not drain.done():
+    for _ in range(100):  # a few batches suffice: a regression fails here, not by hanging
+        if drain.done():
+            break
         if h.executor.pending_batch_num:
             h.executor.complete_next_batch()
         await settle(h)
@@ -707,10 +710,8 @@ async def test_buffer_timeout_sends_a_partial_batch_without_drain() -> None:
     async with op_of(Counter(output=with_tag), new_backend("remote1"),
                      config=ast.AsyncStateConfig(buffer_timeout_ms=20)) as op:
         await op.process(("a", 0))
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if op.metrics["records_done"] == 1:
-                break
+        # The 20 ms buffer timeout sends each of the record's two requests.
+        assert await wait_for_condition(lambda: op.metrics["records_done"] == 1)
         assert op.outputs() == [("a", 1, 0)]
 
 
@@ -719,8 +720,9 @@ async def test_buffer_timeout_zero_means_no_timeout_but_drain_still_flushes() ->
     async with op_of(Counter(output=with_tag), new_backend("remote1"),
                      config=ast.AsyncStateConfig(buffer_timeout_ms=0)) as op:
         await op.process(("a", 0))
-        await asyncio.sleep(0.1)
+        await let_loop_run()  # no timer fires at once, no batch goes out by itself
         assert op.outputs() == []
+        assert op.controller.active_queue_size == 1 and op.metrics["batches"] == 0
         await asyncio.wait_for(op.drain(), 5)
         assert op.outputs() == [("a", 1, 0)]
 

@@ -86,9 +86,10 @@ def test_state_access_in_open_fails_run():
 
 async def test_state_access_from_a_task_that_outlived_its_record_raises(make_backend):
     tasks = []
+    record_done = asyncio.Event()
 
     async def later(fn):
-        await asyncio.sleep(0.02)
+        await record_done.wait()
         return await fn.v.value()
 
     async def spawn(fn, ctx):
@@ -98,28 +99,36 @@ async def test_state_access_from_a_task_that_outlived_its_record_raises(make_bac
     async with keyed_operator(Step(), make_backend()) as op:
         await op.process(("a", spawn))
         await op.drain()
+        record_done.set()
         with pytest.raises(ast.InvalidStateError):
             await tasks[0]
 
 
 async def test_state_access_from_a_callback_that_outlived_its_record_raises(make_backend):
     results = []
+    called = asyncio.Event()
 
     def later(fn):
         try:
             fn.v.update(2)
         except ast.InvalidStateError as exc:
             results.append(exc)
+        called.set()
 
     class Fn(Step):
         def process_element(self, record, ctx):
-            asyncio.get_running_loop().call_later(0.01, later, self)
+            # A loop callback created in the record (in its context), run after it finished.
+            self.trigger = asyncio.get_running_loop().create_future()
+            self.trigger.add_done_callback(lambda _: later(self))
             return self.v.update(1)
 
-    async with keyed_operator(Fn(), make_backend()) as op:
+    fn = Fn()
+    async with keyed_operator(fn, make_backend()) as op:
         await op.process(("a", None))
         await op.drain()
-        await asyncio.sleep(0.05)
+        fn.trigger.set_result(None)
+        async with asyncio.timeout(5):
+            await called.wait()
     assert len(results) == 1
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 from driver_helpers import BOTH_DRIVERS, DynamicTask, run_dynamic, slow_backend
-from shared_functions import BaseBoom, Dynamic
+from shared_functions import BaseBoom, Dynamic, keyed_operator
 
 import asyncstate as ast
 from asyncstate.runtime.driver import RecordTask, needs_task
@@ -150,7 +150,7 @@ async def test_swallowed_cancellation_at_a_state_await_lets_the_record_go_on(
         cls: type[Dynamic]) -> None:
     async def step(fn: Dynamic, ctx: ast.RecordContext) -> None:
         task = asyncio.current_task()
-        asyncio.get_running_loop().call_later(0.005, task.cancel, "stop")
+        asyncio.get_running_loop().call_soon(task.cancel, "stop")  # lands in the await below
         try:
             await fn.v.update(1)
         except asyncio.CancelledError as exc:
@@ -225,18 +225,20 @@ async def test_awaiting_a_future_twice_and_another_records_future(cls: type[Dyna
 
 
 class _LoggedClose(Dynamic):
-    """Appends "close" to `log` when the function closes."""
+    """Appends "close" to `log` when the function closes; `waiting` is set by a record that
+    waits for something when another record fails the run."""
 
     def __init__(self, log: list[Any]) -> None:
         super().__init__()
         self._log = log
+        self.waiting = asyncio.Event()
 
     def close(self) -> None:
         self._log.append("close")
 
 
-async def _fail_soon(fn: Dynamic, ctx: ast.RecordContext) -> None:
-    await asyncio.sleep(0.01)
+async def _fail_soon(fn: _LoggedClose, ctx: ast.RecordContext) -> None:
+    await fn.waiting.wait()  # the other record waits now
     raise ValueError("boom")
 
 
@@ -244,8 +246,9 @@ async def _fail_soon(fn: Dynamic, ctx: ast.RecordContext) -> None:
 async def test_stepped_record_finally_runs_before_close_when_the_run_fails() -> None:
     log: list[Any] = []
 
-    async def waiter(fn: Dynamic, ctx: ast.RecordContext) -> None:
+    async def waiter(fn: _LoggedClose, ctx: ast.RecordContext) -> None:
         try:
+            fn.waiting.set()
             await fn.v.value()  # 200 ms: still waiting when the run fails
         finally:
             log.append("finally")
@@ -258,6 +261,7 @@ async def test_stepped_record_finally_runs_before_close_when_the_run_fails() -> 
 async def _sleep_long(fn: _LoggedClose, ctx: ast.RecordContext) -> None:
     """Sleeps in a Task until cancelled; appends "finally" to the function's log."""
     try:
+        fn.waiting.set()
         await asyncio.sleep(5)
     finally:
         fn._log.append("finally")
@@ -268,9 +272,7 @@ async def test_record_task_finally_runs_before_close_when_the_run_fails() -> Non
     log: list[Any] = []
     with pytest.raises(ValueError, match="boom"):
         await run_dynamic(_LoggedClose(log), [("b", _sleep_long), ("c", _fail_soon)])
-    exited = list(log)
-    await asyncio.sleep(0.05)  # let the cancelled Task run its finally
-    assert exited == ["finally", "close"]
+    assert log == ["finally", "close"]
 
 
 async def _base_before_await(fn: Dynamic, ctx: ast.RecordContext) -> None:
@@ -380,17 +382,24 @@ def test_keyboard_interrupt_from_a_record_propagates_and_fails_the_run(
 
 @pytest.mark.timeout(60)
 async def test_many_records_of_one_key_behind_a_slow_one_do_not_grow_the_stack() -> None:
+    gate = asyncio.Event()
+
     async def first(fn: Dynamic, ctx: ast.RecordContext) -> None:
-        await asyncio.sleep(0.02)
+        await gate.wait()  # every other record queues behind this one
         ctx.emit(0)
 
     async def quick(fn: Dynamic, ctx: ast.RecordContext) -> None:
         ctx.emit(1)
 
     n = 5000
-    out = await run_dynamic(Dynamic(), [("a", first)] + [("a", quick)] * n, ast.HeapBackend(),
-                     ast.AsyncStateConfig(max_in_flight=n + 10))
-    assert out == [0] + [1] * n
+    async with keyed_operator(Dynamic(), ast.HeapBackend(),
+                              config=ast.AsyncStateConfig(max_in_flight=n + 10)) as op:
+        for record in [("a", first)] + [("a", quick)] * n:
+            await op.process(record)
+        gate.set()
+        async with asyncio.timeout(20):
+            await op.drain()
+        assert op.outputs() == [0] + [1] * n
 
 
 _NESTED = textwrap.dedent("""

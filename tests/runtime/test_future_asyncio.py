@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import pytest
-from shared_functions import Boom
+from shared_functions import Boom, let_loop_run
 
 import asyncstate as ast
 from asyncstate.runtime.future import StateFuture, failed_future
@@ -184,7 +184,7 @@ async def test_cancelled_task_is_cancelled_only_when_the_future_completes() -> N
     task = asyncio.ensure_future(waiter())
     await asyncio.sleep(0)
     assert task.cancel()
-    await asyncio.sleep(0.01)
+    await let_loop_run()
     assert not task.done()
     fut._complete(3)
     with pytest.raises(asyncio.CancelledError):

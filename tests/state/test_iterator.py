@@ -21,6 +21,7 @@ from samples import (
 from shared_functions import (
     Boom,
     StepFn,
+    items_of,
     new_backend,
     normalize,
     run_steps,
@@ -243,10 +244,7 @@ async def test_chunked_list_async_for_keeps_order(sh):
     async def step(s, ctx):
         for i in range(N):
             s.l.add(i)  # not awaited: each add lands before the get
-        got = []
-        async for item in await s.l.get():
-            got.append(item)
-        ctx.emit(got)
+        ctx.emit(await items_of(await s.l.get(), N))
 
     out = await sh.run(sh.AsyncScript(l=L("l")), [("k", step)], iterator_chunk_size=CHUNK)
     assert out == [list(range(N))]
@@ -276,9 +274,7 @@ async def test_chunked_map_iterations_see_every_entry_once(sh):
     async def step(s, ctx):
         await s.m.put_all(content)
         ents = await (await s.m.entries()).to_list()
-        keys = []
-        async for k in await s.m.keys():
-            keys.append(k)
+        keys = await items_of(await s.m.keys(), N)
         values = await (await s.m.values()).on_next(lambda v: v)
         ctx.emit((ents, keys, values))
 
@@ -358,7 +354,7 @@ async def _consume(it, how):
         return await it.to_list()
     if how == "on_next":
         return await it.on_next(lambda v: v)
-    return [item async for item in it]
+    return await items_of(it, N + 1)
 
 
 @pytest.mark.parametrize("later_key", ["a", "b"])
@@ -370,14 +366,15 @@ async def test_an_iterator_kept_past_its_record_refuses_to_load_more_in_a_later_
     outside its own key's order; the chunk already loaded stays readable, and the run goes
     on."""
     kept = []
+    made = asyncio.Event()
 
     async def make(s, ctx):
         await s.l.add_all(range(N))
         kept.append(await s.l.get())  # first chunk loaded; the rest is not
+        made.set()
 
     async def resume(s, ctx):
-        while not kept:  # another key's record may start first
-            await asyncio.sleep(0)
+        await made.wait()  # another key's record may start first
         it = kept[0]
         try:
             await _consume(it, how)
@@ -397,16 +394,17 @@ async def test_an_iterator_kept_past_its_record_refuses_to_load_more_in_a_later_
 async def test_an_iterator_whose_items_are_all_loaded_can_be_read_anywhere(sh):
     """Nothing is left to load, so a later record reads the kept items without a request."""
     kept = []
+    made = asyncio.Event()
 
     async def make(s, ctx):
         await s.l.add_all(range(CHUNK))
         kept.append(await s.l.get())
+        made.set()
 
     async def read(s, ctx):
-        while not kept:  # another key's record may start first
-            await asyncio.sleep(0)
+        await made.wait()  # another key's record may start first
         ctx.emit(await kept[0].to_list())
-        ctx.emit([item async for item in kept[0]])
+        ctx.emit(await items_of(kept[0], CHUNK))
 
     out = await sh.run(sh.AsyncScript(l=L("l")), [("a", make), ("b", read)],
                        iterator_chunk_size=CHUNK)
@@ -435,7 +433,7 @@ async def consume_all_ways(it: ast.StateIterator, s: StepFn, tag: str) -> dict[s
     out["to_list"] = await it.to_list()
     out["to_list_again"] = await it.to_list()
     seen: list[Any] = []
-    out["async_for"] = [x async for x in it]
+    out["async_for"] = await items_of(it, 10_000)
     out["on_next_plain"] = await it.on_next(lambda x: (seen.append(x), (tag, x))[1])
     out["on_next_calls"] = list(seen)
     out["on_next_completed"] = await it.on_next(lambda x: ast.completed_future((tag, x)))
@@ -633,14 +631,14 @@ async def test_iterator_used_outside_its_record(backend_name, chunk, tmp_path):
         if chunk >= 5:
             assert it.to_list().result() == list(range(5))
             assert it.on_next(lambda x: x * 2).result() == [0, 2, 4, 6, 8]
-            assert [x async for x in it] == list(range(5))
+            assert await items_of(it, 5) == list(range(5))
         else:
             with pytest.raises(ast.InvalidStateError):
                 it.to_list()
             with pytest.raises(ast.InvalidStateError):
                 it.on_next(lambda x: x)
             with pytest.raises(ast.InvalidStateError):
-                [x async for x in it]
+                await items_of(it, 5)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 1000])
@@ -714,7 +712,7 @@ def test_long_chunked_iteration_in_async_for_is_flat():
     async def step(s, ctx):
         await s.l.update(list(range(150)))
         it = await s.l.get()
-        ctx.emit(([x async for x in it], await it.to_list(), await it.on_next(lambda x: x)))
+        ctx.emit((await items_of(it, 150), await it.to_list(), await it.on_next(lambda x: x)))
 
     (a, b, c), = run_steps("remote0", 1, [("k", step)])
     assert a == b == c == list(range(150))
