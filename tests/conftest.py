@@ -49,8 +49,12 @@ settings.register_profile("dev", deadline=None, max_examples=100)
 # examples scale their own max_examples with shared_functions.slow_examples).
 settings.register_profile("soak", deadline=None, max_examples=2000,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("ASYNCSTATE_HYPOTHESIS_PROFILE")
-                      or ("ci" if os.environ.get("CI") else "dev"))
+_PROFILE = os.environ.get("ASYNCSTATE_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI")
+                                                                 else "dev")
+settings.load_profile(_PROFILE)
+# Under the soak profile a property test runs many times longer than its timeout mark
+# allows: each gets an hour instead.
+SOAK_TIMEOUT_S = 3600
 
 _LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -75,6 +79,14 @@ def pytest_asyncio_loop_factories(
 # -- backends --------------------------------------------------------------------------------
 
 _DEFAULT_KINDS = {"backend": STORAGE_BACKENDS, "make_backend": OPERATOR_BACKENDS}
+
+
+@pytest.hookimpl(trylast=True)  # after hypothesis marks its tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _PROFILE == "soak":
+        for item in items:
+            if item.get_closest_marker("hypothesis") is not None:
+                item.add_marker(pytest.mark.timeout(SOAK_TIMEOUT_S), append=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -24,6 +24,7 @@ from shared_functions import (
     keyed_operator,
     let_loop_run,
     new_backend,
+    slow_examples,
 )
 
 import asyncstate as ast
@@ -531,7 +532,7 @@ def interleavings(draw: Any) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=int(__import__("os").environ.get("WMNS_EXAMPLES", "40")), deadline=None)
+@settings(max_examples=slow_examples(40), deadline=None)
 @given(ops=interleavings(),
        backend_name=st.sampled_from(["heap", "remote0", "remote5", "remote2-p1", "rocksdb-p1"]),
        max_in_flight=st.sampled_from([1, 2, 100]), batch_size=st.sampled_from([1, 3, 1000]),

@@ -20,6 +20,7 @@ from shared_functions import (
     new_backend,
     normalize,
     run_records,
+    slow_examples,
     strict_eq,
 )
 
@@ -498,7 +499,7 @@ class NsProgram(Script):
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=int(__import__("os").environ.get("WMNS_EXAMPLES", "40")), deadline=None)
+@settings(max_examples=slow_examples(40), deadline=None)
 @given(records=ns_programs(), backend_a=st.sampled_from([*STORAGE_BACKENDS, "rocksdb-p1"]),
        backend_b=st.sampled_from([*STORAGE_BACKENDS, "rocksdb-p1", "remote2-p1"]),
        cut=st.integers(0, 6),
