@@ -45,11 +45,39 @@ def scenarios(max_keys: int) -> st.SearchStrategy[Scenario]:
     return build()
 
 
-class Model:
+class Driven:
+    """Completes the batches of `h` in the random order of its executor's rng."""
+
+    h: Harness
+    max_in_flight: int
+
+    def step(self) -> None:
+        ex = self.h.executor
+        if ex.pending_batch_num:
+            ex.complete_random_batch()
+        else:
+            self.h.aec.trigger_if_needed(True)
+        self.h.sample()
+
+    def finish(self) -> None:
+        """Complete batches until nothing is left (bounded), never above max_in_flight."""
+        ex, aec = self.h.executor, self.h.aec
+        for _ in range(100_000):
+            self.h.sample()
+            assert aec.in_flight_record_num <= self.max_in_flight
+            if ex.pending_batch_num:
+                ex.complete_random_batch()
+            elif not aec.trigger_if_needed(True):
+                return
+        raise AssertionError("did not quiesce")
+
+
+class Model(Driven):
     """Drives one scenario through a Harness and checks it against the sequential model."""
 
     def __init__(self, sc: Scenario) -> None:
         self.sc = sc
+        self.max_in_flight = sc.max_in_flight
         self.h = Harness(batch_size=sc.batch_size, max_in_flight=sc.max_in_flight,
                          rng=random.Random(sc.seed))
         self.emitted: list[tuple[int, int, int]] = []  # (key, record, n)
@@ -84,24 +112,6 @@ class Model:
         if self.sc.retain:
             ctx.release()
         h.sample()
-
-    def step(self) -> None:
-        ex = self.h.executor
-        if ex.pending_batch_num:
-            ex.complete_random_batch()
-        else:
-            self.h.aec.trigger_if_needed(True)
-        self.h.sample()
-
-    def finish(self) -> None:
-        ex, aec = self.h.executor, self.h.aec
-        for _ in range(100_000):
-            self.h.sample()
-            if ex.pending_batch_num:
-                ex.complete_random_batch()
-            elif not aec.trigger_if_needed(True):
-                return
-        raise AssertionError("did not quiesce")
 
     def check(self) -> None:
         sc, h = self.sc, self.h
@@ -230,12 +240,13 @@ def in_flight_without_completions(records: list[tuple[int, str]],
     return after, peak, parked
 
 
-class StartModel:
+class StartModel(Driven):
     """Starts each record with `AsyncExecutionController.start_record` and logs when its code
     starts ("enter") and when its last callback ran ("exit")."""
 
     def __init__(self, sc: StartScenario) -> None:
         self.sc = sc
+        self.max_in_flight = sc.max_in_flight
         self.h = Harness(batch_size=sc.batch_size, max_in_flight=sc.max_in_flight,
                          rng=random.Random(sc.seed))
         self.log: list[tuple[str, int, int]] = []
@@ -275,25 +286,6 @@ class StartModel:
         h.sample()
         self.in_flight_after.append(h.aec.in_flight_record_num)
         self.parked_after.append(h.aec.parked_context_num)
-
-    def step(self) -> None:
-        ex = self.h.executor
-        if ex.pending_batch_num:
-            ex.complete_random_batch()
-        else:
-            self.h.aec.trigger_if_needed(True)
-        self.h.sample()
-
-    def finish(self) -> None:
-        ex, aec = self.h.executor, self.h.aec
-        for _ in range(100_000):
-            self.h.sample()
-            assert aec.in_flight_record_num <= self.sc.max_in_flight
-            if ex.pending_batch_num:
-                ex.complete_random_batch()
-            elif not aec.trigger_if_needed(True):
-                return
-        raise AssertionError("did not quiesce")
 
     def check(self) -> None:
         sc, h = self.sc, self.h
