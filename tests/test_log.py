@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_functions import run_python
 
 import asyncstate as ast
 import asyncstate.log as aslog
@@ -227,3 +228,87 @@ def test_an_application_structlog_configuration_does_not_filter_events(
         structlog.reset_defaults()
     assert [r.getMessage() for r in caplog.records if r.name == "asyncstate.test"] == [
         "probe.warning"]
+
+
+# -- the level setting ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("_restore_log_level")
+@pytest.mark.parametrize("bad", ["bogus", "", " debug", "warn", 10, None, logging.DEBUG])
+def test_set_level_refuses_unknown_levels_with_config_error(bad: Any) -> None:
+    before = aslog._threshold
+    with pytest.raises(ast.ConfigError) as info:
+        aslog.set_level(bad)
+    assert isinstance(info.value, ValueError)
+    assert info.value.option == "log level"
+    assert "debug" in str(info.value)
+    assert aslog._threshold == before  # a refused level changes nothing
+
+
+@pytest.mark.usefixtures("_restore_log_level")
+def test_set_level_is_case_insensitive_idempotent_and_filters(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log = aslog.get_logger("asyncstate.adversarial")
+    aslog.set_level("ERROR")
+    aslog.set_level("error")
+    caplog.set_level(logging.DEBUG)
+    log.debug("d")
+    log.info("i")
+    log.warning("w")
+    log.error("e", field=1)
+    logs = [r for r in caplog.records if r.name == "asyncstate.adversarial"]
+    assert [(r.asyncstate_event, r.levelname) for r in logs] == [("e", "ERROR")]
+    assert logs[0].asyncstate_fields == {"field": 1}
+    caplog.clear()
+    aslog.set_level("Debug")
+    log.debug("d")
+    assert [r.asyncstate_event for r in caplog.records] == ["d"]
+
+
+@pytest.mark.timeout(60)
+def test_library_does_not_configure_structlog_or_logging() -> None:
+    code = """
+    import logging, structlog
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    import asyncstate as ast, asyncstate.log as aslog
+    aslog.set_level("debug")
+    class F(ast.KeyedProcessFunction):
+        def open(self, ctx):
+            self.s = ctx.get_state(ast.ValueStateDescriptor("s"))
+        async def process_element(self, v, ctx):
+            await self.s.update(v)
+    ast.run(F(), [1, 2], key_selector=lambda r: r)
+    assert not structlog.is_configured(), "structlog was configured"
+    assert root.handlers == handlers and root.level == level, "logging root changed"
+    print("OK")
+    """
+    proc = run_python(code, pure=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "OK" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_invalid_log_level_env_var_fails_import_with_config_error() -> None:
+    code = """
+    import os
+    os.environ["ASYNCSTATE_LOG_LEVEL"] = "bogus"
+    try:
+        import asyncstate
+    except ValueError as exc:
+        print("REFUSED", type(exc).__name__, exc)
+    """
+    proc = run_python(code, pure=False)
+    assert "REFUSED ConfigError log level must be one of" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.timeout(60)
+def test_empty_log_level_env_var_means_default() -> None:
+    code = """
+    import os
+    os.environ["ASYNCSTATE_LOG_LEVEL"] = ""
+    import asyncstate.log as aslog
+    print("THRESHOLD", aslog._threshold)
+    """
+    proc = run_python(code, pure=False)
+    assert "THRESHOLD 30" in proc.stdout, proc.stderr[-2000:]

@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+import pytest
+
 import asyncstate as ast
 from asyncstate.runtime.requests import StateKind, StateRequestType
 from asyncstate.testing import ManualClock, ManualExecutor
+
+_seen_executors: list[ManualExecutor] = []
+
+
+@pytest.mark.parametrize("round_", [0, 1])
+def test_plugin_fixtures_are_fresh_per_test(manual_executor: ManualExecutor,
+                                            manual_clock: ast.ManualClock, round_: int) -> None:
+    assert manual_clock.now_ms() == 0
+    manual_clock.advance(5)
+    assert manual_executor.pending_batch_num == 0
+    assert manual_executor.delivered_batches == 0
+    assert manual_executor.rng.random() == pytest.approx(0.8444218515250481)
+    assert all(e is not manual_executor for e in _seen_executors)
+    _seen_executors.append(manual_executor)
+
+
+def test_plugin_is_registered_as_pytest11_entry_point() -> None:
+    from importlib.metadata import entry_points
+
+    names = {ep.value for ep in entry_points(group="pytest11")}
+    assert "asyncstate.pytest_plugin" in names
 
 
 def test_manual_clock_fixture_starts_at_zero(manual_clock: ManualClock) -> None:
@@ -31,3 +54,8 @@ def test_manual_executor_fixture_holds_batches_until_completed(
     assert manual_executor.pending_batch_num == 1 and not read.done()
     manual_executor.complete_next_batch()
     assert read.result() == 3
+
+
+def test_fixtures(manual_clock: ManualClock, manual_executor: ManualExecutor) -> None:
+    assert manual_clock.now_ms() == 0
+    assert manual_executor.pending_batches == []

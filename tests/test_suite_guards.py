@@ -50,7 +50,8 @@ def test_a_hung_test_times_out(tmp_path: Path, case: str) -> None:
     # method of pytest-timeout cannot end a test hung on uvloop: the suite's configuration
     # (pyproject.toml) uses the thread method, read here from the project's own file.
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    for name in ("conftest.py", "shared_functions.py"):
+        shutil.copy(ROOT / "tests" / name, tmp_path / name)
     (tmp_path / "test_hung.py").write_text(_HUNG_TESTS[case])
     select = {"asyncio": "not uvloop", "uvloop": "uvloop", "sync-uvloop": "test_waits"}[case]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}

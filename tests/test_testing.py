@@ -1,20 +1,133 @@
-"""asyncstate.testing: the test doubles behave as documented."""
+"""asyncstate.testing: ManualExecutor and ManualScheduler behave as documented."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
 import pytest
+from shared_functions import Boom
 
 import asyncstate as ast
 import asyncstate.testing as testing
 from asyncstate.backends.base import StateExecutor
 from asyncstate.runtime.requests import StateKind, StateRequestType
-from asyncstate.testing import ManualClock, ManualExecutor, ManualScheduler
+from asyncstate.testing import ManualExecutor, ManualScheduler, ManualTimerHandle
 
 GET = StateRequestType.VALUE_GET
 UPDATE = StateRequestType.VALUE_UPDATE
+
+
+def _bound_executor() -> tuple[ManualExecutor, ast.AsyncExecutionController, Any]:
+    executor = ManualExecutor()
+    aec = ast.AsyncExecutionController(executor, batch_size=100, buffer_timeout_ms=0,
+                                       max_in_flight=100)
+
+    class _State:
+        def __init__(self, handle: Any) -> None:
+            self.name = "v"
+            self.handle = handle
+
+    return executor, aec, _State(executor.register_state("v", StateKind.VALUE))
+
+
+def test_manual_executor_unbound_and_empty_errors_are_clear() -> None:
+    executor = ManualExecutor()
+    with pytest.raises(ast.InvalidStateError, match="not bound"):
+        executor.complete_next_batch()
+    with pytest.raises(ast.InvalidStateError, match="not bound"):
+        executor.fail_next_batch(Boom())
+    with pytest.raises(ast.InvalidStateError, match="no batch"):
+        executor.complete_random_batch()
+    assert executor.complete_all() == 0
+    bound, _, _ = _bound_executor()
+    with pytest.raises(ast.InvalidStateError, match="no batch is pending"):
+        bound.complete_next_batch()
+
+
+def test_manual_executor_batch_index_range_and_negative_index() -> None:
+    executor, aec, state = _bound_executor()
+    for key in ("a", "b"):
+        ctx = aec.build_context(key, key)
+        aec.set_current_context(ctx)
+        aec.handle_request(state, UPDATE, key)
+        aec.trigger_if_needed(True)
+    assert executor.pending_batch_num == 2
+    with pytest.raises(IndexError, match="2 batches are pending"):
+        executor.complete_batch(2)
+    with pytest.raises(IndexError):
+        executor.complete_batch(-3)
+    assert executor.pending_batch_num == 2
+    newest = executor.complete_batch(-1)
+    assert [r.payload for r in newest] == ["b"]
+    assert executor.delivered_batches == 1
+    assert "pending_batches=1" in repr(executor)
+
+
+def test_manual_executor_fail_next_batch_fails_its_futures_with_the_exception() -> None:
+    executor, aec, state = _bound_executor()
+    ctx = aec.build_context("r", "k")
+    aec.set_current_context(ctx)
+    read = aec.handle_request(state, GET, None)
+    aec.trigger_if_needed(True)
+    exc = Boom("lost reply")
+    executor.fail_next_batch(exc)
+    assert read.done()
+    assert read.exception() is exc
+
+
+def test_manual_executor_close_abandons_batches_and_refuses_new_ones() -> None:
+    executor, aec, state = _bound_executor()
+    ctx = aec.build_context("r", "k")
+    aec.set_current_context(ctx)
+    aec.handle_request(state, GET, None)
+    aec.trigger_if_needed(True)
+    executor.close()
+    assert executor.closed
+    assert executor.pending_batch_num == 0
+    with pytest.raises(ast.InvalidStateError, match="closed"):
+        executor.execute_batch([])
+
+
+def test_manual_scheduler_refuses_negative_times_and_orders_ties() -> None:
+    sched = ManualScheduler(start=10)
+    with pytest.raises(ValueError, match="delay"):
+        sched.call_later(-0.1, print)
+    with pytest.raises(ValueError, match="backwards"):
+        sched.advance(-1)
+    ran: list[str] = []
+    h1 = sched.call_later(1, ran.append, "a")
+    sched.call_later(1, ran.append, "b")
+    sched.call_later(0.5, ran.append, "c")
+    cancelled = sched.call_later(0.1, ran.append, "x")
+    cancelled.cancel()
+    assert isinstance(h1, ManualTimerHandle)
+    assert sched.pending_num == 3
+    assert sched.next_deadline() == 10.5
+    assert sched.advance(1) == 3
+    assert ran == ["c", "a", "b"]
+    assert sched.time() == 11
+    assert sched.next_deadline() is None
+    h1.cancel()  # no effect once it ran
+    assert "cancelled" in repr(h1)
+
+
+def test_manual_scheduler_nan_delay_is_refused_or_harmless() -> None:
+    sched = ManualScheduler()
+    ran: list[str] = []
+    with contextlib.suppress(ValueError):
+        sched.call_later(float("nan"), ran.append, "nan")
+    sched.call_later(1, ran.append, "one")
+    sched.advance(2)
+    assert "one" in ran
+
+
+def test_manual_scheduler_advance_nan_is_refused() -> None:
+    sched = ManualScheduler()
+    with pytest.raises(ValueError):
+        sched.advance(float("nan"))
+    assert sched.time() == 0.0
 
 
 class _State:
@@ -34,18 +147,6 @@ def test_public_surface() -> None:
         assert getattr(testing, name) is not None
     assert testing.ManualClock is ast.ManualClock
     assert isinstance(ManualExecutor(), StateExecutor)
-
-
-def test_manual_clock_moves_only_forward() -> None:
-    clock = ManualClock(5)
-    clock.advance(10)
-    assert clock.now_ms() == 15
-    clock.set(20)
-    assert clock.now_ms() == 20
-    with pytest.raises(ValueError, match="never goes backwards"):
-        clock.set(19)
-    with pytest.raises(ValueError, match="non-negative"):
-        clock.advance(-1)
 
 
 def test_manual_executor_holds_batches_until_completed() -> None:
@@ -83,8 +184,11 @@ def test_manual_executor_results_are_right_in_any_completion_order() -> None:
     assert executor.pending_batch_num == 10
     executor.complete_batch(-1)
     assert futures[-1].result() == 4
-    while executor.pending_batch_num:
+    for _ in range(10):  # 9 batches are pending; delivering triggers no new one
+        if not executor.pending_batch_num:
+            break
         executor.complete_random_batch()
+    assert executor.pending_batch_num == 0
     assert [futures[2 * i + 1].result() for i in range(5)] == [0, 1, 2, 3, 4]
     aec.set_current_context(None)
 
@@ -153,8 +257,3 @@ def test_manual_scheduler_runs_calls_scheduled_by_calls_when_due() -> None:
     assert len(ran) == 2
     scheduler.advance(0.1)
     assert ran == pytest.approx([0.1, 0.2, 0.3])
-
-
-def test_fixtures(manual_clock: ManualClock, manual_executor: ManualExecutor) -> None:
-    assert manual_clock.now_ms() == 0
-    assert manual_executor.pending_batches == []

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import types
 from typing import Any, ClassVar
 
 import pytest
-from shared_functions import normalize
+from shared_functions import FakeState, normalize
 
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.keygroups import key_group_of_bytes
 from asyncstate.runtime.requests import StateKind
 from asyncstate.runtime.requests import StateRequestType as T
 from asyncstate.serde import canonical_key, to_stored
-
-
-@dataclasses.dataclass
-class FakeState:
-    """What HeapBackend.execute_one needs of a state: name, kind and the registered handle."""
-
-    name: str
-    kind: StateKind
-    handle: Any
 
 
 class Heap:
@@ -66,18 +56,10 @@ class Heap:
         kb, nb = canonical_key(key), canonical_key(ns)
         run = self.backend.execute_one
         if st.kind is StateKind.LIST:
-            chunk = run(st, T.LIST_GET, None, kb, nb)
-            items = list(chunk.items)
-            while chunk.continuation is not None:
-                chunk = run(st, T.ITERATOR_LOADING, (T.LIST_GET, chunk.continuation), kb, nb)
-                items += chunk.items
+            items = _all_items(run, st, T.LIST_GET, kb, nb)
             return items or None
         if st.kind is StateKind.MAP:
-            chunk = run(st, T.MAP_ITER, None, kb, nb)
-            items = list(chunk.items)
-            while chunk.continuation is not None:
-                chunk = run(st, T.ITERATOR_LOADING, (T.MAP_ITER, chunk.continuation), kb, nb)
-                items += chunk.items
+            items = _all_items(run, st, T.MAP_ITER, kb, nb)
             return {_hashable(k): v for k, v in items} or None
         return run(st, T.VALUE_GET, None, kb, nb)
 
@@ -91,13 +73,25 @@ class Heap:
         return counts
 
 
+def _all_items(run: Any, st: Any, request_type: T, kb: bytes, nb: bytes) -> list[Any]:
+    """Every item of an iteration, chunk by chunk (bounded: an iteration that never ends
+    fails here)."""
+    chunk = run(st, request_type, None, kb, nb)
+    items = list(chunk.items)
+    for _ in range(100_000):
+        if chunk.continuation is None:
+            return items
+        chunk = run(st, T.ITERATOR_LOADING, (request_type, chunk.continuation), kb, nb)
+        items += chunk.items
+    raise AssertionError("the iteration does not end")
+
+
 def _hashable(k: Any) -> Any:
     return tuple(_hashable(x) for x in k) if isinstance(k, list) else k
 
 
 def key_group(key: Any, max_parallelism: int) -> int:
     return int(key_group_of_bytes(canonical_key(key), max_parallelism))
-
 
 
 @pytest.fixture(scope="session")

@@ -1,31 +1,112 @@
-"""Snapshot and restore of HeapBackend state through the checkpoint format, and rescaling."""
+"""Snapshot and restore through the checkpoint format (checkpoint/snapshot.py): every state
+kind, rescaling by key groups, extra sections, and checkpoints moving between backends."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 
+import msgpack
 import pytest
+from checkpoint_files import (
+    committed,
+    entry,
+    write_one_part,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from shared_functions import (
+    by_key_bytes,
+    canon,
+    new_backend,
+    slow_examples,
+    strict_eq,
+)
 
+import asyncstate as ast
 from asyncstate.backends.heap import HeapBackend
-from asyncstate.checkpoint.layout import checkpoint_path
-from asyncstate.checkpoint.reader import open_checkpoint
+from asyncstate.checkpoint.format import (
+    checkpoint_path,
+    open_checkpoint,
+    write_part,
+)
 from asyncstate.checkpoint.snapshot import (
     SECTION_STATE_ENTRIES,
     SnapshotBackend,
     restore_snapshot,
     write_snapshot,
 )
-from asyncstate.checkpoint.writer import write_part
 from asyncstate.errors import CheckpointError, KeyGroupError
 from asyncstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from asyncstate.runtime.requests import StateKind
-from asyncstate.serde import Packed
+from asyncstate.serde import Packed, canonical_key
 
 MAX_P = 32
+TOO_DEEP = b"\x91" * 1024 + b"\x90"  # 1025 nested arrays: packs, but msgpack reads 1024 only
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_state_entry_nested_too_deep_fails_the_restore_with_checkpoint_error(tmp_path, kind):
+    chk = checkpoint_path(tmp_path, 1)
+    kg = ast.assign_to_key_group("k", MAX_P)
+    write_one_part(chk, [(kg, [[0, 1], entry("k", TOO_DEEP)])], max_parallelism=MAX_P)
+    cp = open_checkpoint(chk)
+    backend = new_backend(kind, tmp_path)
+    try:
+        with pytest.raises(CheckpointError, match=rf"key group {kg} of data file .*malformed"):
+            restore_snapshot(backend, cp, KeyGroupRange(0, MAX_P - 1), MAX_P)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+@pytest.mark.parametrize(("user_key", "shown"), [
+    (b"\xc1", r"stored key bytes b'\\xc1' are not the msgpack bytes of one key"),
+    (b"\x01\x02", r"stored key bytes b'\\x01\\x02' are not the msgpack bytes of one key"),
+    ("a", r"stored key bytes must be bytes, got str"),
+])
+def test_map_entry_whose_user_key_does_not_decode_fails_the_restore(tmp_path, kind, user_key,
+                                                                    shown):
+    """A user key is checked as a value is, so the damage names the file at restore
+    instead of failing the first read of the map's keys."""
+    chk = checkpoint_path(tmp_path, 1)
+    kg = ast.assign_to_key_group("k", MAX_P)
+    entry = ["m", canonical_key("k"), canonical_key(None),
+             [[canonical_key("ok"), msgpack.packb(1)], [user_key, msgpack.packb(2)]]]
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=MAX_P,
+               states={"m": "map"}, key_groups=[(kg, [[0, 1], entry])])
+    backend = new_backend(kind, tmp_path)
+    try:
+        with pytest.raises(CheckpointError, match=rf"^key group {kg} of data file .*: "
+                                                  rf"malformed state entries .*{shown}"):
+            restore_snapshot(backend, open_checkpoint(chk), KeyGroupRange(0, MAX_P - 1), MAX_P)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_a_later_entry_of_the_same_list_or_map_replaces_an_earlier_one(tmp_path, kind):
+    """restore_key_group replaces what is held for each (state, key, namespace), also an
+    entry given earlier in the same call, and an empty list or map is no entry: both
+    backends hold the same afterwards (asyncstate's own snapshots never repeat an entry)."""
+    chk = checkpoint_path(tmp_path, 1)
+    kg = ast.assign_to_key_group("b", MAX_P)
+    key, ns = canonical_key("b"), canonical_key(None)
+    one, two = msgpack.packb(1), msgpack.packb(2)
+    entries = [["l", key, ns, [one]], ["l", key, ns, [two]],
+               ["m", key, ns, [[canonical_key("x"), one]]], ["m", key, ns, []]]
+    write_part(chk, parallelism=1, operator_index=0, max_parallelism=MAX_P,
+               states={"l": "list", "m": "map"},
+               key_groups=[(kg, [[0, len(entries)], *entries])])
+    backend = new_backend(kind, tmp_path)
+    try:
+        restore_snapshot(backend, open_checkpoint(chk), KeyGroupRange(0, MAX_P - 1), MAX_P)
+        held = backend.snapshot_key_group(kg, MAX_P) if kind == "heap" \
+            else backend.snapshot_key_group(kg)
+        assert [list(e) for e in held] == [["l", key, ns, [two]]]
+    finally:
+        backend.close()
 
 
 def sample_model() -> dict[tuple[str, object, object], object]:
@@ -189,7 +270,9 @@ def test_rescale_chain_1_2_3_1_through_checkpoints(ck, tmp_path):
 keys = st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.binary(max_size=8),
                  st.booleans(), st.none(),
                  st.tuples(st.integers(0, 9), st.text(max_size=3)))
+
 small_ints = st.integers(-(2**31), 2**31)
+
 values = st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=8),
                    st.floats(allow_nan=False), st.lists(small_ints, max_size=3),
                    st.dictionaries(st.text(max_size=3), small_ints, max_size=3))
@@ -209,9 +292,6 @@ def test_rescale_random_key_sets(ck, tmp_path_factory, entries, old, new):
     snapshot_all(heaps, chk, old)
     restored, _ = restore_all(ck, chk, new)
     check(ck, restored, model, new)
-
-
-# -- glue details ---------------------------------------------------------------------------
 
 
 class PerKeyGroupBackend:
@@ -382,3 +462,135 @@ async def test_heap_and_rocksdb_read_each_others_checkpoints(ck, tmp_path):
     (restored,), (info,) = restore_all(ck, second, 1)
     assert info["records"] == len(model)
     check(ck, [restored], model, 1)
+
+
+class TinyBackend:
+    """A SnapshotBackend with a `snapshot_key_groups` fast path returning fixed groups."""
+
+    def __init__(self, groups: dict[int, list[list]]) -> None:
+        self.groups = groups
+        self.restored: dict[int, list] = {}
+
+    def registered_states(self):
+        return {"v": StateKind.VALUE}
+
+    def register_state(self, name, kind):
+        return name
+
+    def snapshot_key_group(self, kg):
+        return self.groups.get(kg, [])
+
+    def snapshot_key_groups(self, rng, max_parallelism):
+        return {kg: (len(es), b"".join(msgpack.packb(e) for e in es))
+                for kg, es in self.groups.items()}
+
+    def restore_key_group(self, kg, entries):
+        self.restored[kg] = list(entries)
+
+
+def test_write_snapshot_of_a_backend_with_zero_states(ck, tmp_path):
+    chk = checkpoint_path(tmp_path, 1)
+    heap = ck.Heap()
+    m = write_snapshot(heap.backend, chk, parallelism=1, operator_index=0,
+                       max_parallelism=MAX_P, extra={"op": 0})
+    assert m.states == {} and m.key_groups == {}
+    manifest = committed(os.path.join(chk, "part-1-0"))
+    assert manifest["states"] == {} and manifest["key_groups"] == []
+    cp = open_checkpoint(chk)
+    target = ck.Heap()
+    info = restore_snapshot(target.backend, cp, KeyGroupRange(0, MAX_P - 1), MAX_P)
+    assert info == {"extras": [{"op": 0}], "states": {}, "key_groups": 0, "records": 0}
+
+
+def test_backend_entries_outside_the_range_are_refused_without_extra_sections(tmp_path):
+    chk = checkpoint_path(tmp_path, 1)
+    backend = TinyBackend({0: [["v", b"k", b"n", b"d"]], 7: [["v", b"k", b"n", b"d"]]})
+    with pytest.raises(CheckpointError, match="key group 7 is outside"):
+        write_snapshot(backend, chk, parallelism=2, operator_index=0, max_parallelism=8)
+
+
+def test_backend_entries_outside_the_range_are_refused_with_extra_sections(tmp_path):
+    chk = checkpoint_path(tmp_path, 1)
+    backend = TinyBackend({0: [["v", b"k", b"n", b"d"]], 7: [["v", b"k", b"n", b"d"]]})
+    with pytest.raises(CheckpointError, match="key group 7"):
+        write_snapshot(backend, chk, parallelism=2, operator_index=0, max_parallelism=8,
+                       extra_sections=lambda kg: [])
+
+
+V = ast.ValueStateDescriptor
+L = ast.ListStateDescriptor
+M = ast.MapStateDescriptor
+R = ast.ReducingStateDescriptor
+
+
+def _ckpt_fn():
+    return _StateFn(v=V("v"), l=L("l"), m=M("m"), r=R("r", lambda a, b: a + b))
+
+
+class _StateFn(ast.KeyedProcessFunction):
+    def __init__(self, **descriptors):
+        self.descriptors = descriptors
+
+    def open(self, ctx):
+        getters = {V: ctx.get_state, L: ctx.get_list_state, M: ctx.get_map_state,
+                   R: ctx.get_reducing_state}
+        for name, d in self.descriptors.items():
+            setattr(self, name, getters[type(d)](d))
+
+    def process_element(self, record, ctx):
+        if record[1] == "w":
+            self.v.update(("v", record[0]))
+            self.l.add_all([record[0], -0.0, (1,)])
+            self.m.put_all({0: 0, b"": "", (1, (2,)): {(1, 2): (3,)}})
+            self.m.put(0.0, -0.0)
+            self.r.add(2**63)
+            self.m.set_current_namespace(b"\xff")
+            self.m.put(-1, "ns")
+            return None
+        self.m.set_current_namespace(b"\xff")
+        in_ns = self.m.entries().then_compose(lambda it: it.to_list())
+        self.m.set_current_namespace(None)
+        return ast.combine_all([
+            self.v.value(), self.l.get().then_compose(lambda it: it.to_list()),
+            self.m.entries().then_compose(lambda it: it.to_list()).then_apply(by_key_bytes),
+            self.r.get(), in_ns,
+        ]).then_accept(lambda got: ctx.emit((canon(record[0]), got)))
+
+
+CKPT_KEYS = [b"k", "k", -1, 2**64 - 1, -0.0, 0.0, None, True, "", [], [[1], b"\xff"]]
+
+
+@pytest.mark.parametrize("source", ["heap", "rocksdb"])
+def test_parity_checkpoint_moves_between_backends(state_helpers, tmp_path, source):
+    factories = state_helpers.factories
+    config = ast.AsyncStateConfig(max_parallelism=8)
+
+    async def snapshot():
+        async with ast.KeyedOperator(_ckpt_fn(), key_selector=lambda r: r[0],
+                                     backend=factories[source](tmp_path / "src"),
+                                     config=config) as op:
+            for k in CKPT_KEYS:
+                await op.process((k, "w"))
+            return await op.snapshot(str(tmp_path / "chk"), 1)
+
+    async def restore(target):
+        async with ast.KeyedOperator(_ckpt_fn(), key_selector=lambda r: r[0],
+                                     backend=factories[target](tmp_path / f"dst-{target}"),
+                                     config=config, restore_from=path) as op:
+            for k in CKPT_KEYS:
+                await op.process((k, "r"))
+            await op.drain()
+            return dict(op.outputs())
+
+    (tmp_path / "src").mkdir()
+    path = asyncio.run(snapshot())
+    for target in ("heap", "rocksdb"):
+        (tmp_path / f"dst-{target}").mkdir()
+        out = asyncio.run(restore(target))
+        assert len(out) == len(CKPT_KEYS)
+        for k in CKPT_KEYS:
+            n = state_helpers.normalize(k)
+            expected = [["v", n], [n, -0.0, [1]],
+                        by_key_bytes([(0, 0), (0.0, -0.0), (b"", ""), ([1, [2]], {(1, 2): [3]})]),
+                        2**63, [(-1, "ns")]]
+            assert strict_eq(out[canon(k)], expected, dict_order=False), (target, k, out[canon(k)])

@@ -13,30 +13,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from shared_functions import FakeState
+
 from asyncstate import AsyncExecutionController, StateRequestType, completed_future
 from asyncstate.backends.heap import _table_key
 from asyncstate.runtime.buffer import TimeoutScheduler
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.future import StateFuture
-from asyncstate.runtime.requests import StateKind
 from asyncstate.serde import NONE_BYTES, canonical_key
 from asyncstate.testing import ManualExecutor
 
 GET = StateRequestType.VALUE_GET
 UPDATE = StateRequestType.VALUE_UPDATE
-
-
-class FakeState:
-    """The least a state needs for the controller and executor: a name and a handle."""
-
-    __slots__ = ("handle", "name")
-
-    def __init__(self, name: str, handle: Any) -> None:
-        self.name = name
-        self.handle = handle
-
-    def __repr__(self) -> str:
-        return f"<FakeState {self.name!r}>"
 
 
 class Harness:
@@ -50,7 +38,7 @@ class Harness:
             self.executor, batch_size=batch_size, buffer_timeout_ms=buffer_timeout_ms,
             max_in_flight=max_in_flight, max_parallelism=max_parallelism,
             timeout_scheduler=timeout_scheduler)
-        self.state = FakeState("value", self.executor.register_state("value", StateKind.VALUE))
+        self.state = FakeState.register(self.executor, "value")
         self.out: list[Any] = []
         self.peak = 0
 

@@ -4,12 +4,10 @@ Without a running loop the controller runs everything inline, so `trig()` (force
 complete it) runs every callback before it returns, as with Flink's SyncMailbox. Scenario
 numbers refer to FLINK_AEC_REFERENCE.md §5, adapted to asyncstate's deliberate differences.
 Reference counts follow future.py's invariant: every pending future bound to a context holds
-one reference on it (Flink's U holds three: the read, the compose stage, the accept stage).
-"""
+one reference on it (Flink's U holds three: the read, the compose stage, the accept stage)."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any
 
@@ -17,20 +15,18 @@ import pytest
 from runtime_harness import (
     GET,
     UPDATE,
-    FakeState,
     Harness,
     gauges,
-    settle,
     stack_depth,
 )
-from shared_functions import BaseBoom
+from shared_functions import BaseBoom, Boom, FakeState
 
 import asyncstate as ast
 from asyncstate.backends.heap import HeapBackend
 from asyncstate.runtime.context import current_context
 from asyncstate.runtime.requests import StateKind
 from asyncstate.serde import canonical_key
-from asyncstate.testing import ManualExecutor, ManualScheduler
+from asyncstate.testing import ManualExecutor
 
 IDLE = gauges(in_flight=0, active=0, blocking=0, blocking_keys=0, occupied=0)
 
@@ -190,49 +186,6 @@ def test_sync_point_on_a_busy_key_waits_for_the_holder() -> None:
     assert h.gauges() == IDLE
 
 
-def test_flink_13_no_trigger_below_batch_size_without_force() -> None:
-    h = Harness(batch_size=5)
-    for i in range(3):
-        h.new_record(f"r{i}", f"k{i}")
-        h.get()
-    seq = h.aec.buffer.current_seq
-    assert h.aec.trigger_if_needed(False) is False
-    assert h.aec.active_queue_size == 3
-    assert h.aec.buffer.current_seq == seq
-    assert h.executor.pending_batch_num == 0
-    assert h.aec.trigger_if_needed(True) is True
-    assert h.aec.active_queue_size == 0
-    assert h.aec.buffer.current_seq == seq + 1
-    assert [len(b) for b in h.executor.pending_batches] == [3]
-    assert h.aec.trigger_if_needed(True) is False
-    assert h.aec.buffer.current_seq == seq + 1
-    assert h.executor.pending_batch_num == 1
-
-
-def test_batch_goes_out_when_the_active_queue_reaches_batch_size() -> None:
-    h = Harness(batch_size=3)
-    for i in range(2):
-        h.new_record(f"r{i}", f"k{i}")
-        h.get()
-    assert h.executor.pending_batch_num == 0
-    h.new_record("r2", "k2")
-    h.get()
-    assert [[r.context.record for r in b] for b in h.executor.pending_batches] == [
-        ["r0", "r1", "r2"]]
-    assert h.aec.active_queue_size == 0
-
-
-def test_batches_never_exceed_batch_size() -> None:
-    h = Harness(batch_size=2)
-    for i in range(7):
-        h.new_record(f"r{i}", f"k{i}")
-        h.u()
-    h.drive_to_completion()
-    assert h.out == [1] * 7
-    assert h.aec.max_batch_size <= 2
-    assert len(h.executor.executed_requests) == 14  # one read and one write per record
-
-
 def test_ref_counts_of_a_pending_read_with_a_callback() -> None:
     h = Harness()
     ctx = h.new_record("r", "k")
@@ -251,9 +204,6 @@ def test_ref_counts_of_a_pending_read_with_a_callback() -> None:
     assert seen == [None]
     assert ctx.ref_count == 0
     assert h.gauges() == IDLE
-
-
-# -- capacity ----------------------------------------------------------------------------------
 
 
 def test_in_flight_never_exceeds_max_in_flight_excess_contexts_park() -> None:
@@ -358,9 +308,6 @@ def test_new_context_does_not_overtake_a_parked_context_of_its_key() -> None:
     assert h.gauges() == IDLE
 
 
-# -- blocking ----------------------------------------------------------------------------------
-
-
 def test_context_issuing_two_requests_while_blocked_gets_both_activated() -> None:
     h = Harness()
     h.new_record("r1", "k")
@@ -428,9 +375,6 @@ def test_context_key_group_matches_assign_to_key_group() -> None:
         assert ctx.key == key
 
 
-# -- epochs ------------------------------------------------------------------------------------
-
-
 def test_contexts_that_never_touch_state_do_not_block_an_epoch() -> None:
     h = Harness()
     fired: list[str] = []
@@ -478,9 +422,6 @@ def test_non_record_event_waits_for_earlier_records_and_work_its_trigger_spawned
     assert h.gauges() == IDLE
 
 
-# -- failures ----------------------------------------------------------------------------------
-
-
 def test_failed_batch_fails_futures_skips_callbacks_and_fails_the_run() -> None:
     h = Harness()
     listener: list[BaseException] = []
@@ -503,10 +444,6 @@ def test_failed_batch_fails_futures_skips_callbacks_and_fails_the_run() -> None:
     assert listener == [err]
     assert r1.ref_count == 0
     assert h.gauges() == IDLE
-
-
-class Boom(Exception):
-    pass
 
 
 def test_failing_chain_that_nobody_looked_at_fails_the_run() -> None:
@@ -588,7 +525,7 @@ def test_a_base_exception_from_a_callback_still_completes_the_rest_of_the_batch(
 
 def test_executor_error_on_a_request_fails_its_batch() -> None:
     h = Harness()
-    broken = FakeState("broken", None)  # no handle: the store cannot execute it
+    broken = FakeState("broken", StateKind.VALUE, None)  # no handle: the store cannot execute it
     h.new_record("r", "k")
     fut = h.aec.handle_request(broken, GET, None)
     h.aec.trigger_if_needed(True)
@@ -622,98 +559,6 @@ def test_controller_validates_its_limits() -> None:
             ast.AsyncExecutionController(ManualExecutor(), **args)
         assert isinstance(info.value, ast.AsyncStateError)
 
-
-def test_buffer_timeout_without_a_loop_arms_nothing_and_the_controller_still_works() -> None:
-    # Flink's scenarios use a 10 s timeout with a synchronous mailbox: no timer can fire.
-    h = Harness(batch_size=100, buffer_timeout_ms=10_000)
-    h.new_record("key1-r1", "key1")
-    h.u()
-    assert h.executor.pending_batch_num == 0
-    h.trig()
-    h.trig()
-    assert h.out == [1]
-    assert h.gauges() == IDLE
-
-
-def test_buffer_timeout_arms_on_the_loop_running_when_requests_arrive() -> None:
-    h = Harness(batch_size=10, buffer_timeout_ms=5)  # built outside any loop
-
-    async def main() -> list[int]:
-        h.new_record("r", "k")
-        h.get()
-        for _ in range(400):
-            if h.executor.pending_batch_num:
-                break
-            await asyncio.sleep(0.005)
-        return [len(b) for b in h.executor.pending_batches]
-
-    assert asyncio.run(main()) == [1]
-
-
-# -- buffer timeout --------------------------------------------------------------------------
-
-
-def test_buffer_timeout_sends_a_partial_batch() -> None:
-    scheduler = ManualScheduler()
-    h = Harness(batch_size=10, buffer_timeout_ms=100, timeout_scheduler=scheduler)
-    h.new_record("r", "k")
-    h.get()
-    scheduler.advance(0.099)
-    assert h.executor.pending_batch_num == 0
-    scheduler.advance(0.002)
-    assert [len(b) for b in h.executor.pending_batches] == [1]
-    assert h.aec.active_queue_size == 0
-
-
-def test_stale_timeout_does_not_cut_the_next_batch_short() -> None:
-    scheduler = ManualScheduler()
-    h = Harness(batch_size=2, buffer_timeout_ms=100, timeout_scheduler=scheduler)
-    for i in range(2):
-        h.new_record(f"r{i}", f"k{i}")
-        h.get()
-    assert h.executor.pending_batch_num == 1  # sent by size at t=0
-    scheduler.advance(0.05)
-    h.new_record("r2", "k2")
-    h.get()
-    scheduler.advance(0.06)  # t=0.11: past the first generation's deadline
-    assert h.executor.pending_batch_num == 1
-    assert h.aec.active_queue_size == 1
-    scheduler.advance(0.05)  # t=0.16: the second generation's deadline
-    assert h.executor.pending_batch_num == 2
-    assert [r.context.record for r in h.executor.pending_batches[1]] == ["r2"]
-
-
-def test_close_cancels_the_buffer_timeout() -> None:
-    scheduler = ManualScheduler()
-    h = Harness(batch_size=10, buffer_timeout_ms=100, timeout_scheduler=scheduler)
-    h.new_record("r", "k")
-    read = h.get()
-    h.aec.close()
-    scheduler.advance(1)
-    assert h.executor.pending_batch_num == 0
-    # Closing fails what was still queued instead of leaving it pending forever.
-    assert h.aec.active_queue_size == 0
-    assert isinstance(read.exception(), ast.InvalidStateError)
-
-
-async def test_buffer_timeout_on_the_running_loop() -> None:
-    h = Harness(batch_size=10, buffer_timeout_ms=5)  # the loop is the timeout scheduler
-    h.new_record("r", "k")
-    read = h.get()
-    assert h.executor.pending_batch_num == 0
-    for _ in range(400):
-        if h.executor.pending_batch_num:
-            break
-        await asyncio.sleep(0.005)
-    assert [len(b) for b in h.executor.pending_batches] == [1]
-    h.executor.complete_next_batch()
-    await settle(h)
-    assert read.done()
-    assert h.gauges() == IDLE
-    h.aec.close()
-
-
-# -- the trampoline: long same-key queues never grow the stack ---------------------------------
 
 N_QUEUED = 10_000
 
@@ -757,7 +602,7 @@ def test_immediate_backend_cascade_of_10000_same_key_records_keeps_the_stack_fla
     backend = HeapBackend()
     aec = ast.AsyncExecutionController(backend, batch_size=1, buffer_timeout_ms=0,
                                        max_in_flight=N_QUEUED + 10)
-    state = FakeState("count", backend.register_state("count", StateKind.VALUE))
+    state = FakeState.register(backend, "count")
     outputs: list[int] = []
     depths: list[int] = []
 
@@ -792,102 +637,133 @@ def test_immediate_backend_cascade_of_10000_same_key_records_keeps_the_stack_fla
     assert aec.occupied_key_num == 0
 
 
-# -- with a running loop -------------------------------------------------------------------
+def test_controller_validates_iterator_chunk_size() -> None:
+    args: dict[str, Any] = {"batch_size": 1, "buffer_timeout_ms": 0, "max_in_flight": 1}
+    with pytest.raises(ValueError, match="iterator_chunk_size") as info:
+        ast.AsyncExecutionController(ManualExecutor(), iterator_chunk_size=0, **args)
+    assert isinstance(info.value, ast.AsyncStateError)
 
 
-async def test_callbacks_of_a_batch_completed_from_a_task_run_from_a_loop_callback() -> None:
+def test_request_after_the_controller_closed_raises_even_for_a_live_record() -> None:
     h = Harness()
-    tasks: list[Any] = []
-    h.new_record("r", "k")
-    h.get().then_accept(lambda _v: tasks.append(asyncio.current_task()))
-    h.aec.trigger_if_needed(True)
-    h.executor.complete_next_batch()
-    assert tasks == []  # posted: not run inside the test's Task step
-    await settle(h)
-    assert tasks == [None]
-    assert h.gauges() == IDLE
+    ctx = h.new_record("r", "k")
+    h.aec.close()
+    assert not ctx.finished
+    with pytest.raises(ast.InvalidStateError, match="after the operator closed"):
+        h.get()
+    assert h.aec.requests == 0
+    assert h.aec.active_queue_size == 0
 
 
-async def test_drain_inflight_records_sends_partial_batches_and_waits() -> None:
-    h = Harness(batch_size=100)
-    for i in range(3):
-        h.new_record(f"r{i}", f"k{i % 2}")
-        h.u(lambda n, i=i: h.out.append((i, n)))
-    assert h.executor.pending_batch_num == 0
-    drain = asyncio.create_task(h.aec.drain_inflight_records(0))
-    await settle(h)
-    assert h.executor.pending_batch_num == 1  # the partial batch went out at once
-    assert not drain.done()
-    while not drain.done():
-        if h.executor.pending_batch_num:
-            h.executor.complete_next_batch()
-        await settle(h)
-    await drain
-    assert sorted(h.out) == [(0, 1), (1, 1), (2, 2)]
-    assert h.gauges() == IDLE
+def test_start_record_beyond_max_in_flight_waits_for_capacity() -> None:
+    h = Harness(max_in_flight=1)
+    started: list[str] = []
+
+    def run(ctx: Any) -> None:
+        started.append(ctx.record)
+        h.get()
+
+    for record, key in (("r1", "k1"), ("r2", "k2")):
+        h.aec.start_record(h.aec.build_context(record, key), run)
+    assert started == ["r1"]
+    assert h.aec.in_flight_record_num == 1
+    assert h.aec.parked_context_num == 1
+    h.trig()  # r1 finishes: r2 takes its place
+    assert started == ["r1", "r2"]
+    h.drive_to_completion()
+    assert h.aec.in_flight_peak == 1
+    assert h.aec.in_flight_record_num == 0
 
 
-async def test_drain_to_a_target_returns_once_at_most_target_are_in_flight() -> None:
-    h = Harness()
-    h.new_record("a", "a")
+def test_a_record_arriving_as_a_slot_frees_does_not_overtake_parked_records() -> None:
+    h = Harness(max_in_flight=1)
+    aec = h.aec
+    started: list[str] = []
+
+    def run(ctx: Any) -> None:
+        started.append(ctx.record)
+        fut = h.get()
+        if ctx.record == "r1":
+            # r3 arrives from the trampoline while r1's read completes, just before r1 ends
+            # and frees the slot that parked r2 waits for.
+            r3 = aec.build_context("r3", "k3")
+            fut.then_accept(lambda _: aec.post(lambda _: aec.start_record(r3, run), None))
+
+    aec.start_record(aec.build_context("r1", "k1"), run)
+    aec.start_record(aec.build_context("r2", "k2"), run)
+    assert started == ["r1"]
+    h.trig()
+    assert started == ["r1", "r2"]
+    assert aec.parked_context_num == 1
+    h.drive_to_completion()
+    assert started == ["r1", "r2", "r3"]
+    assert aec.in_flight_peak == 1
+
+
+def test_batches_in_executor_counts_only_batches_not_yet_delivered() -> None:
+    h = Harness(batch_size=1)
+    h.new_record("r1", "k1")
     h.get()
-    h.new_record("b", "b")
+    h.new_record("r2", "k2")
     h.get()
-    drain = asyncio.create_task(h.aec.drain_inflight_records(1))
-    await settle(h)
-    assert not drain.done()
-    assert h.executor.pending_batch_num == 1
-    batch = h.executor.pending_batches[0]
-    assert len(batch) == 2
+    assert h.aec.batches_in_executor == 2
     h.executor.complete_next_batch()
-    await settle(h)
-    assert drain.done()
-    await drain
-    await h.aec.drain_inflight_records(0)  # already idle: returns at once
+    assert h.aec.batches_in_executor == 1
+    h.executor.complete_next_batch()
+    assert h.aec.batches_in_executor == 0
+    assert h.aec.batches == 2
 
 
-async def test_drain_raises_the_failure_of_the_run() -> None:
+def test_close_fails_outstanding_requests_with_the_run_failure() -> None:
     h = Harness()
-    h.new_record("r", "k")
-    h.u()
-    drain = asyncio.create_task(h.aec.drain_inflight_records(0))
-    await settle(h)
-    err = ast.InjectedFailure("down")
-    h.executor.fail_next_batch(err)
-    await settle(h)
-    with pytest.raises(ast.InjectedFailure) as info:
-        await drain
-    assert info.value is err
-    with pytest.raises(ast.InjectedFailure):
-        await h.aec.drain_inflight_records(0)
+    h.new_record("r1", "k1")
+    queued = h.get()
+    h.new_record("r2", "k1")
+    blocked = h.get()
+    boom = RuntimeError("boom")
+    h.aec.fail(boom)
+    h.aec.close()
+    assert queued.exception() is boom
+    assert blocked.exception() is boom
 
 
-async def test_record_code_awaiting_request_futures_in_a_task() -> None:
-    h = Harness()
+class _HeapFailingUpdates:
+    """An immediate executor (docs/api.md, "Executors") around a HeapBackend whose value
+    updates fail, as a broken store would. It has no operation table, so every request goes
+    through execute_one; everything else is the heap's."""
 
-    async def record(i: int, key: str) -> int:
-        ctx = h.aec.build_context(i, key)
-        h.aec.set_current_context(ctx)
-        ctx.retain()  # held while the record's code runs, as the operator's driver does
+    completes_at_issue = True
+    immediate_ops = None
+
+    def __init__(self) -> None:
+        self._heap = ast.HeapBackend()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._heap, name)
+
+    def execute_one(self, state: Any, request_type: ast.StateRequestType, payload: Any,
+                    key_bytes: bytes, namespace: bytes) -> Any:
+        if request_type is ast.StateRequestType.VALUE_UPDATE:
+            raise OSError("the store is gone")
+        return self._heap.execute_one(state, request_type, payload, key_bytes, namespace)
+
+
+class _CatchUpdateFailure(ast.KeyedProcessFunction):
+    def open(self, ctx):
+        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+    async def process_element(self, record, ctx):
         try:
-            v = await h.get()
-            n = 1 if v is None else v + 1
-            await h.aec.handle_request(h.state, UPDATE, n)
-            return n
-        finally:
-            ctx.release()
+            await self.v.update(record)
+        except OSError:
+            ctx.emit("caught")
 
-    tasks = [asyncio.create_task(record(i, "k" if i % 2 else "j")) for i in range(6)]
-    for _ in range(100):
-        if all(t.done() for t in tasks):
-            break
-        await settle(h)
-        h.aec.trigger_if_needed(True)
-        if h.executor.pending_batch_num:
-            h.executor.complete_next_batch()
-    results = [await t for t in tasks]
-    assert results == [1, 1, 2, 2, 3, 3]
-    assert h.stored("k") == 3
-    assert h.stored("j") == 3
-    await settle(h)
-    assert h.gauges() == IDLE
+
+@pytest.mark.timeout(30)
+async def test_backend_failure_on_the_immediate_path_fails_the_run_even_if_handled() -> None:
+    op = ast.KeyedOperator(_CatchUpdateFailure(), key_selector=lambda r: r,
+                           backend=_HeapFailingUpdates())  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="the store is gone"):
+        async with op:
+            await op.process(1)
+            await op.drain()

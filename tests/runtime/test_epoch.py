@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime_harness import Harness
+
 from asyncstate.runtime.epoch import EpochManager, EpochStatus
 
 
@@ -170,3 +172,20 @@ def test_work_a_final_action_starts_joins_the_open_epoch() -> None:
     assert late[0] is not a and late[0].ongoing_record_count == 1
     manager.complete_one_record(late[0])
     assert order == ["N0.f", "N1.f"]
+
+
+def test_a_record_started_by_an_epoch_trigger_delays_that_epoch_final_action() -> None:
+    h = Harness()
+    aec = h.aec
+    events: list[str] = []
+
+    def run(ctx: Any) -> None:
+        h.get().then_accept(lambda _: events.append("record done"))
+
+    def trigger() -> None:
+        aec.start_record(aec.build_context("timer", "k"), run)
+
+    aec.epoch_manager.on_non_record(trigger, lambda: events.append("final"))
+    assert events == []
+    h.trig()
+    assert events == ["record done", "final"]

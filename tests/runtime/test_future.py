@@ -1,8 +1,7 @@
-"""StateFuture and its helpers: combinators, failures, inspection and the asyncio protocol.
+"""StateFuture and its helpers: combinators, failures and inspection.
 
 Pending futures are completed with the controller-side `_complete` / `_fail`: that is how
-the controller delivers results, and no loop is needed for either path.
-"""
+the controller delivers results, and no loop is needed for either path."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import re
 from typing import Any
 
 import pytest
+from shared_functions import Boom, run_python
 
 import asyncstate as ast
 from asyncstate.runtime.future import StateFuture, failed_future
@@ -18,13 +18,6 @@ from asyncstate.runtime.future import StateFuture, failed_future
 
 def pending() -> StateFuture[Any]:
     return StateFuture()
-
-
-class Boom(Exception):
-    pass
-
-
-# -- then_apply / then_accept ---------------------------------------------------------------
 
 
 def test_then_apply_on_pending_runs_when_completed() -> None:
@@ -73,9 +66,6 @@ def test_chain_of_pending_callbacks_runs_in_chain_order() -> None:
     result = fut.then_apply(lambda v: v + 1).then_apply(lambda v: v * 10).then_apply(str)
     fut._complete(1)
     assert result.result() == "20"
-
-
-# -- then_compose -----------------------------------------------------------------------------
 
 
 def test_then_compose_on_pending_waits_for_the_inner_future() -> None:
@@ -141,9 +131,6 @@ def test_conditional_compose_with_non_future_branch_fails_with_type_error(
     assert "named_non_future_callback" in str(exc)
 
 
-# -- then_combine ------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("first", ["self", "other"])
 def test_then_combine_fires_once_both_are_done(first: str) -> None:
     a, b = pending(), pending()
@@ -178,9 +165,6 @@ def test_then_combine_failure_of_either_side_skips_fn(failing: str) -> None:
         b._fail(err)
     assert calls == []
     assert result.exception() is err
-
-
-# -- conditionals ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("already_done", [False, True], ids=["pending", "completed"])
@@ -253,9 +237,6 @@ def test_conditional_callback_exception_fails_result() -> None:
                fut.then_conditionally_compose(cond, ast.completed_future)]
     fut._complete(1)
     assert [r.exception() for r in results] == [err, err, err]
-
-
-# -- failures ----------------------------------------------------------------------------------
 
 
 def test_failure_skips_every_callback_down_the_chain() -> None:
@@ -373,9 +354,6 @@ def test_base_exception_from_compose_propagates() -> None:
         fut._complete(None)
 
 
-# -- inspection -------------------------------------------------------------------------------
-
-
 def test_result_and_exception_raise_invalid_state_error_while_pending() -> None:
     fut = pending()
     assert not fut.done()
@@ -428,9 +406,6 @@ def test_state_futures_cannot_be_cancelled() -> None:
     assert not fut.done()
 
 
-# -- combine_all ---------------------------------------------------------------------------
-
-
 def test_combine_all_keeps_input_order_whatever_the_completion_order() -> None:
     futures = [pending() for _ in range(4)]
     combined = ast.combine_all(futures)
@@ -472,9 +447,6 @@ def test_combine_all_with_an_already_failed_input() -> None:
     assert combined.exception() is err
     combined2 = ast.combine_all([ast.completed_future(1), failed_future(err)])
     assert combined2.exception() is err
-
-
-# -- Flink scenario 35 ------------------------------------------------------------------------
 
 
 def test_flink_scenario_35_combinators() -> None:
@@ -542,104 +514,275 @@ def test_flink_scenario_35_combinators() -> None:
     assert counter == 12345
 
 
-# -- asyncio protocol ---------------------------------------------------------------------
+class Boom1(Exception):
+    pass
 
 
-async def test_await_completed_future_needs_no_loop_hop() -> None:
-    fut = ast.completed_future(9)
-    gen = fut.__await__()
-    with pytest.raises(StopIteration) as info:
-        next(gen)
-    assert info.value.value == 9
-    assert await ast.completed_future(10) == 10
+class Boom2(Exception):
+    pass
 
 
-async def test_awaiting_a_pending_future_inside_a_task() -> None:
-    fut = pending()
-
-    async def waiter() -> Any:
-        return await fut
-
-    task = asyncio.create_task(waiter())
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert not task.done()
-    fut._complete(7)
-    assert await task == 7
+def _boom1(_: Any) -> Any:
+    raise Boom1("first")
 
 
-async def test_awaiting_a_failed_future_raises_the_original_exception() -> None:
-    fut = pending()
-    err = Boom("await")
-
-    async def waiter() -> Any:
-        return await fut
-
-    task = asyncio.create_task(waiter())
-    await asyncio.sleep(0)
-    asyncio.get_running_loop().call_soon(fut._fail, err)
-    with pytest.raises(Boom) as info:
-        await task
-    assert info.value is err
-    with pytest.raises(Boom):
-        await failed_future(err)
+def _boom2(_: Any) -> Any:
+    raise Boom2("second")
 
 
-async def test_awaiting_a_chain_completed_from_a_loop_callback() -> None:
-    head = pending()
-    chained = head.then_apply(lambda v: v + 1).then_compose(lambda v: ast.completed_future(v * 2))
-    asyncio.get_running_loop().call_later(0.001, head._complete, 1)
-    assert await chained == 4
+def test_callbacks_added_after_completion_run_inline_in_registration_order() -> None:
+    seen: list[str] = []
+    fut = ast.completed_future(1)
+    a = fut.then_apply(lambda v: seen.append("apply") or v + 1)
+    assert seen == ["apply"]
+    b = fut.then_accept(lambda v: seen.append("accept"))
+    assert seen == ["apply", "accept"]
+    c = fut.then_compose(lambda v: seen.append("compose") or ast.completed_future(v * 10))
+    d = fut.then_conditionally_accept(lambda v: seen.append("cond") or True, seen.append)
+    assert seen == ["apply", "accept", "compose", "cond", 1]
+    assert (a.result(), b.result(), c.result(), d.result()) == (2, None, 10, True)
 
 
-async def test_asyncio_gather_on_state_futures() -> None:
-    a, b = pending(), pending()
-    loop = asyncio.get_running_loop()
-    loop.call_soon(b._complete, "b")
-    loop.call_soon(a._complete, "a")
-    results = await asyncio.gather(a, ast.completed_future("c"), b)
-    assert results == ["a", "c", "b"]
+def test_many_callbacks_on_one_pending_future_keep_registration_order() -> None:
+    seen: list[int] = []
+    fut: StateFuture[int] = StateFuture()
+    outs = []
+    for i in range(1000):
+        if i % 3 == 0:
+            outs.append(fut.then_apply(lambda v, i=i: seen.append(i) or i))
+        elif i % 3 == 1:
+            outs.append(fut.then_accept(lambda v, i=i: seen.append(i)))
+        else:
+            outs.append(fut.then_compose(lambda v, i=i: seen.append(i) or ast.completed_future(i)))
+    assert seen == []
+    fut._complete(0)
+    assert seen == list(range(1000))
+    assert all(o.done() for o in outs)
 
 
-async def test_asyncio_gather_propagates_failure() -> None:
-    a = pending()
-    err = Boom("gather")
-    asyncio.get_running_loop().call_soon(a._fail, err)
-    with pytest.raises(Boom) as info:
-        await asyncio.gather(ast.completed_future(1), a)
-    assert info.value is err
+def test_callback_raising_fails_only_its_own_chained_future() -> None:
+    fut: StateFuture[int] = StateFuture()
+    before = fut.then_apply(lambda v: v + 1)
+    bad = fut.then_apply(lambda v: (_ for _ in ()).throw(Boom("cb")))
+    after = fut.then_accept(lambda v: None)
+    downstream_of_bad = bad.then_apply(lambda v: pytest.fail("must be skipped"))
+    fut._complete(1)
+    assert fut.result() == 1
+    assert before.result() == 2
+    assert after.result() is None
+    assert isinstance(bad.exception(), Boom)
+    assert downstream_of_bad.exception() is bad.exception()
 
 
-async def test_asyncio_wait_for_on_state_futures() -> None:
-    a = pending()
-    asyncio.get_running_loop().call_later(0.001, a._complete, 5)
-    assert await asyncio.wait_for(a, timeout=5) == 5
-    assert await asyncio.wait_for(ast.completed_future(6), timeout=5) == 6
-    b = pending()
-    asyncio.get_running_loop().call_soon(b._fail, Boom("wait_for"))
-    with pytest.raises(Boom):
-        await asyncio.wait_for(b, timeout=5)
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
+def test_base_exception_from_then_combine_fn_propagates(exc_type: type[BaseException]) -> None:
+    def fn(a: Any, b: Any) -> Any:
+        raise exc_type()
+
+    with pytest.raises(exc_type):
+        ast.completed_future(1).then_combine(ast.completed_future(2), fn)
 
 
-async def test_asyncio_wait_and_ensure_future_accept_state_futures() -> None:
-    a = pending()
-    assert asyncio.isfuture(a)
-    assert asyncio.ensure_future(a) is a
-    asyncio.get_running_loop().call_soon(a._complete, 1)
-    done, not_done = await asyncio.wait([a], timeout=5)
-    assert done == {a}
-    assert not not_done
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
+def test_base_exception_from_pending_callback_propagates_from_completion(
+        exc_type: type[BaseException]) -> None:
+    fut: StateFuture[int] = StateFuture()
+
+    def cb(v: int) -> None:
+        raise exc_type()
+
+    out = fut.then_accept(cb)
+    with pytest.raises(exc_type):
+        fut._complete(1)
+    # The future itself completed; the exception was never captured into the chain.
+    assert fut.result() == 1
+    assert not out.done()
 
 
-async def test_add_and_remove_done_callback() -> None:
-    fut = pending()
-    seen: list[Any] = []
-    fut.add_done_callback(seen.append)
-    fut.add_done_callback(seen.append)
-    assert fut.remove_done_callback(seen.append) == 2
-    fut.add_done_callback(lambda f: seen.append(f.result()))
+def test_then_combine_with_itself() -> None:
+    fut: StateFuture[int] = StateFuture()
+    out = fut.then_combine(fut, lambda a, b: (a, b))
+    assert not out.done()
     fut._complete(3)
-    assert seen == []  # done callbacks run from the loop, not inline
-    await asyncio.sleep(0)
-    assert seen == [3]
-    assert fut.get_loop() is asyncio.get_running_loop()
+    assert out.result() == (3, 3)
+    assert ast.completed_future(4).then_combine(ast.completed_future(4), int.__add__).result() == 8
+
+
+def test_then_combine_with_failed_other_fails_with_others_exception() -> None:
+    exc = Boom("other")
+    out = ast.completed_future(1).then_combine(failed_future(exc), lambda a, b: pytest.fail("no"))
+    assert out.exception() is exc
+    pend: StateFuture[int] = StateFuture()
+    other: StateFuture[int] = StateFuture()
+    out2 = pend.then_combine(other, lambda a, b: pytest.fail("no"))
+    other._fail(exc)
+    assert not out2.done()
+    pend._complete(1)
+    assert out2.exception() is exc
+
+
+@pytest.mark.timeout(60)
+def test_then_combine_with_non_state_future_raises_type_error_in_both_builds() -> None:
+    code = """
+    import warnings
+    warnings.simplefilter("ignore", RuntimeWarning)  # no compiled build: the sources run
+    import asyncstate as ast
+    from asyncstate import _compiled
+    print("MODE", _compiled.mode())
+    try:
+        ast.completed_future(1).then_combine(1, lambda a, b: (a, b))
+    except TypeError as exc:
+        print("RAISED TypeError", exc)
+    """
+    for pure in (False, True):
+        proc = run_python(code, pure=pure)
+        assert "RAISED TypeError" in proc.stdout, (pure, proc.stderr[-1500:])
+        # A checkout without the compiled build runs its sources even when not asked to.
+        python = pure or "MODE python" in proc.stdout
+        assert ("then_combine() expects a StateFuture" in proc.stdout) == python  # compiled:
+
+        # mypyc's own message at the call (docs/api.md, differences between the builds)
+
+
+def test_then_combine_fn_raising_fails_the_result() -> None:
+    a: StateFuture[int] = StateFuture()
+    b: StateFuture[int] = StateFuture()
+    out = a.then_combine(b, lambda x, y: x / y)
+    b._complete(0)
+    a._complete(1)
+    assert isinstance(out.exception(), ZeroDivisionError)
+
+
+def test_combine_all_of_empty_list_and_empty_generator() -> None:
+    assert ast.combine_all([]).result() == []
+    assert ast.combine_all(x for x in ()).result() == []
+
+
+def test_combine_all_of_duplicates_of_one_pending_future() -> None:
+    fut: StateFuture[str] = StateFuture()
+    out = ast.combine_all([fut, fut, fut])
+    assert not out.done()
+    fut._complete("v")
+    assert out.result() == ["v", "v", "v"]
+    done = ast.completed_future(7)
+    assert ast.combine_all([done, done]).result() == [7, 7]
+
+
+def test_combine_all_consumes_a_generator_once() -> None:
+    futs: list[StateFuture[int]] = [StateFuture() for _ in range(3)]
+    out = ast.combine_all(f for f in futs)
+    for i, f in enumerate(reversed(futs)):
+        f._complete(i)
+    assert out.result() == [2, 1, 0]
+
+
+@pytest.mark.parametrize("bad", [1, None, "s"])
+def test_combine_all_refuses_non_futures_with_type_error(bad: Any) -> None:
+    # (The Python build names combine_all; the compiled build raises mypyc's own message.)
+    with pytest.raises(TypeError):
+        ast.combine_all([ast.completed_future(1), bad])
+
+
+def test_combine_all_of_already_failed_futures_fails_with_first_in_input_order() -> None:
+    e1, e2 = Boom1(), Boom2()
+    out = ast.combine_all([ast.completed_future(0), failed_future(e1), failed_future(e2)])
+    assert out.exception() is e1
+
+
+def test_combine_all_of_pending_futures_fails_with_first_failure_in_time() -> None:
+    a: StateFuture[int] = StateFuture()
+    b: StateFuture[int] = StateFuture()
+    out = ast.combine_all([a, b])
+    e2 = Boom2()
+    b._fail(e2)
+    assert out.exception() is e2
+    a._fail(Boom1())  # a later failure is ignored, not raised
+    assert out.exception() is e2
+
+
+class _CombineAllHandlesFailures(ast.KeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.s = ctx.get_state(ast.ValueStateDescriptor("s"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        a = self.s.value().then_apply(_boom1)
+        b = self.s.value().then_apply(_boom2)
+        try:
+            await ast.combine_all([a, b])
+        except Boom1:
+            ctx.emit("handled")
+
+
+@pytest.mark.timeout(30)
+def test_combine_all_handled_failure_with_remote_backend() -> None:
+    # Pending inputs: combine_all looks at every input, so handling its failure is enough.
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
+    out = ast.run(_CombineAllHandlesFailures(), [1], key_selector=lambda r: r, backend=backend)
+    assert out == ["handled"]
+
+
+@pytest.mark.timeout(30)
+def test_combine_all_handled_failure_with_heap_backend() -> None:
+    out = ast.run(_CombineAllHandlesFailures(), [1], key_selector=lambda r: r,
+                  backend=ast.HeapBackend())
+    assert out == ["handled"]
+
+
+def test_result_and_exception_before_completion_raise_invalid_state_error() -> None:
+    fut: StateFuture[int] = StateFuture()
+    with pytest.raises(ast.InvalidStateError):
+        fut.result()
+    with pytest.raises(RuntimeError):  # InvalidStateError is also a RuntimeError
+        fut.exception()
+    assert not fut.done()
+
+
+def test_repr_of_each_state() -> None:
+    assert repr(StateFuture()) == "<StateFuture pending>"
+    assert repr(ast.completed_future([1])) == "<StateFuture done result=[1]>"
+    assert repr(failed_future(ValueError("z"))) == "<StateFuture failed exception=ValueError('z')>"
+
+
+def test_cancel_is_refused_and_does_not_change_state() -> None:
+    fut: StateFuture[int] = StateFuture()
+    assert fut.cancel() is False
+    assert fut.cancel(msg="x") is False
+    assert not fut.cancelled()
+    assert not fut.done()
+    fut._complete(1)
+    assert fut.result() == 1
+    assert not fut.cancelled()
+
+
+def test_repeated_result_does_not_grow_the_traceback() -> None:
+    fut = failed_future(Boom("x"))
+
+    def depth() -> int:
+        try:
+            fut.result()
+        except Boom as exc:
+            tb, n = exc.__traceback__, 0
+            while tb is not None:
+                n, tb = n + 1, tb.tb_next
+            return n
+        raise AssertionError("unreachable")
+
+    first = depth()
+    for _ in range(10):
+        depth()
+    assert depth() == first
+
+
+def test_then_compose_does_not_mask_downstream_errors_as_invalid_state() -> None:
+    loop = asyncio.new_event_loop()
+    src: StateFuture[int] = StateFuture()
+    out = src.then_compose(lambda v: ast.completed_future(v))
+
+    async def register() -> None:
+        out.add_done_callback(lambda f: None)
+
+    loop.run_until_complete(register())
+    loop.close()
+    with pytest.raises(RuntimeError, match="closed") as info:
+        src._complete(1)
+    assert not isinstance(info.value, ast.InvalidStateError)

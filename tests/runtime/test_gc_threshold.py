@@ -6,6 +6,7 @@ import gc
 from collections.abc import Iterator
 
 import pytest
+from shared_functions import Boom, Counter, ident, new_backend
 
 import asyncstate as ast
 from asyncstate.config import GC_THRESHOLD_PER_RECORD, MAX_GC_THRESHOLD, MIN_AUTO_GC_THRESHOLD
@@ -141,3 +142,32 @@ async def test_an_operator_holds_the_auto_threshold_of_its_max_in_flight() -> No
         assert gc.get_threshold() == (max(MIN_AUTO_GC_THRESHOLD, 2000 * GC_THRESHOLD_PER_RECORD),
                                       10, 10)
     assert gc.get_threshold() == (700, 10, 10)
+
+
+@pytest.mark.timeout(30)
+def test_open_raising_restores_gc_threshold():
+    before = gc.get_threshold()
+
+    class OpenRaises(Counter):
+        def open(self, ctx):
+            raise Boom("x")
+
+    with pytest.raises(Boom):
+        ast.run(OpenRaises(), [1], key_selector=ident,
+                config=ast.AsyncStateConfig(gc_threshold=123_456))
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.timeout(30)
+def test_failed_run_restores_gc_threshold():
+    before = gc.get_threshold()
+
+    class Fails(Counter):
+        async def process_element(self, value, ctx):
+            await self.count.value()
+            raise Boom(value)
+
+    with pytest.raises(Boom):
+        ast.run(Fails(), [1, 2, 3], key_selector=ident, backend=new_backend("remote0"),
+                config=ast.AsyncStateConfig(gc_threshold=123_456))
+    assert gc.get_threshold() == before

@@ -1,10 +1,49 @@
-"""ListState through a real KeyedOperator: get / add / add_all / update / clear."""
+"""ListState through a real KeyedOperator: get / add / add_all / update / clear and the
+inputs they refuse."""
 
 from __future__ import annotations
+
+import pytest
+from shared_functions import (
+    to_list,
+)
 
 import asyncstate as ast
 
 L = ast.ListStateDescriptor
+
+
+async def test_list_empty_inputs_none_items_and_iterables(sh):
+    async def step(s, ctx):
+        await s.l.add_all([])
+        ctx.emit(("empty add_all", (await s.l.get()).is_empty()))
+        await s.l.update([])
+        ctx.emit(("empty update", (await s.l.get()).is_empty()))
+        await s.l.add(None)
+        await s.l.add_all([None, None])
+        ctx.emit(("nones", await to_list(s.l.get())))
+        await s.l.update(x for x in (1, 2))
+        await s.l.add_all(range(3, 5))
+        await s.l.add_all((5, (6,)))
+        ctx.emit(("iterables", await to_list(s.l.get())))
+        for bad in (None, "ab", b"ab", {"a": 1}, 3):
+            for call in (s.l.add_all, s.l.update):
+                try:
+                    call(bad)
+                except TypeError:
+                    ctx.emit(("TypeError", type(bad).__name__))
+        await s.l.add_all([])
+        ctx.emit(("after", await to_list(s.l.get())))
+        await s.l.update([])
+        ctx.emit(("cleared", await to_list(s.l.get()), (await s.l.get()).is_empty()))
+
+    out = await sh.run(sh.AsyncScript(l=L("l")), [("k", step)], iterator_chunk_size=2)
+    assert out == [
+        ("empty add_all", True), ("empty update", True), ("nones", [None, None, None]),
+        ("iterables", [1, 2, 3, 4, 5, [6]]),
+        *[("TypeError", t) for t in ("NoneType", "str", "bytes", "dict", "int") for _ in "ab"],
+        ("after", [1, 2, 3, 4, 5, [6]]), ("cleared", [], True),
+    ]
 
 
 async def items(state):
@@ -170,3 +209,47 @@ async def test_callback_style_list_chain(sh):
 
     out = await sh.run(sh.Script(l=L("l")), [("k", step, 1), ("k", step, 2), ("k", step, 3)])
     assert out == [[10], [10, 20], [10, 20, 30]]
+
+
+# Not lists: str, bytes and mappings are iterable but rejected; 5 and None are not iterable
+# at all (the compiled module once answered those with a type check of its own).
+_NON_LISTS = ["abc", b"abc", {"a": 1}, 5, None]
+
+
+class _ListAll(ast.KeyedProcessFunction):
+    """Calls `<call>(bad)` on a keyed ListState; record = (call, bad)."""
+
+    def open(self, ctx):
+        self.items = ctx.get_list_state(ast.ListStateDescriptor("items"))
+
+    def process_element(self, value, ctx):
+        call, bad = value
+        return getattr(self.items, call)(bad)
+
+
+@pytest.mark.parametrize("call", ["add_all", "update"])
+@pytest.mark.parametrize("bad", _NON_LISTS, ids=repr)
+def test_keyed_list_state_rejects_non_lists_naming_the_call_and_state(call, bad):
+    # The keyed ListState shares stored_list() with OperatorListState.
+    with pytest.raises(TypeError, match=rf"^{call}\(\) of state 'items' expects a list of "
+                                        rf"values, got {type(bad).__name__}$"):
+        ast.run(_ListAll(), [(call, bad)], key_selector=lambda r: r[0])
+
+
+@pytest.mark.timeout(30)
+async def test_list_writes_refuse_a_bytearray_and_keep_the_list(sh):
+    async def step(s, ctx):
+        await s.l.add_all([1, 2])
+        for call in (s.l.add_all, s.l.update):
+            try:
+                call(bytearray(b"ab"))
+            except TypeError as exc:
+                ctx.emit(str(exc))
+        ctx.emit(await to_list(s.l.get()))
+
+    out = await sh.run(sh.AsyncScript(l=L("l")), [("k", step)])
+    assert out == [
+        "add_all() of state 'l' expects a list of values, got bytearray",
+        "update() of state 'l' expects a list of values, got bytearray",
+        [1, 2],
+    ]

@@ -2,13 +2,68 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 
 import pytest
+from shared_functions import (
+    by_key_bytes,
+    canon,
+    strict_eq,
+    to_list,
+)
 
 import asyncstate as ast
 
 M = ast.MapStateDescriptor
+
+MIXED_USER_KEYS = [0, 1, 1.0, True, False, None, "", b"", "a", b"a", (1,), -1, 2**63,
+                   2**64 - 1, -(2**63), -0.0, 0.0, math.nan, math.inf, [], [None, [b"z"]],
+                   "\u00e9", "x" * 300, b"\xff\xff", [[]], ((), [None]), 0.5]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, len(MIXED_USER_KEYS), 1000])
+async def test_map_with_mixed_user_keys_and_chunked_iteration(sh, chunk):
+    async def step(s, ctx):
+        for i, k in enumerate(MIXED_USER_KEYS):
+            s.m.put(k, (i, k))
+        ents = await to_list(s.m.entries())
+        keys = await to_list(s.m.keys())
+        values = await to_list(s.m.values())
+        it = await s.m.entries()
+        ctx.emit((ents, keys, values, await s.m.is_empty(), it.is_empty()))
+        got = [await s.m.get(k) for k in MIXED_USER_KEYS]
+        has = [await s.m.contains(k) for k in MIXED_USER_KEYS]
+        ctx.emit((got, has))
+
+    out = await sh.run(sh.AsyncScript(m=M("m")), [("k", step)], iterator_chunk_size=chunk)
+    (ents, keys, values, empty, it_empty), (got, has) = out
+    expected = [(sh.normalize(k), [i, sh.normalize(k)]) for i, k in enumerate(MIXED_USER_KEYS)]
+    assert len({canon(k) for k in MIXED_USER_KEYS}) == len(MIXED_USER_KEYS)
+    assert all(type(e) is tuple for e in ents)
+    assert strict_eq(by_key_bytes(ents), by_key_bytes(expected), dict_order=False)
+    assert strict_eq(by_key_bytes(keys, key=lambda k: k), [k for k, _ in by_key_bytes(expected)],
+                     dict_order=False)
+    assert strict_eq(sorted(values, key=canon), sorted((v for _, v in expected), key=canon),
+                     dict_order=False)
+    assert (empty, it_empty) == (False, False)
+    assert strict_eq(got, [v for _, v in expected], dict_order=False)
+    assert has == [True] * len(MIXED_USER_KEYS)
+
+
+async def test_map_user_keys_distinguish_int_float_bool_and_signed_zero(sh):
+    async def step(s, ctx):
+        await s.m.put_all({0: "int"})
+        await s.m.put(-0.0, "negzero")
+        await s.m.put(0.0, "float")
+        await s.m.put(False, "bool")
+        ctx.emit([await s.m.get(k) for k in (0, 0.0, -0.0, False, None)])
+        ctx.emit(len(await to_list(s.m.keys())))
+        await s.m.remove(0.0)
+        ctx.emit([await s.m.contains(k) for k in (0, 0.0, -0.0, False)])
+
+    out = await sh.run(sh.AsyncScript(m=M("m")), [("k", step)])
+    assert out == [["int", "float", "negzero", "bool", None], 4, [True, False, True, True]]
 
 
 async def entries(state):
@@ -192,3 +247,21 @@ async def test_maps_of_different_keys_and_states_are_separate(sh):
     out = await sh.run(sh.AsyncScript(m=M("m"), n=M("n")), records)
     assert sorted(out, key=repr) == sorted([("a", "a", "n"), ("b", "b", "n"),
                                             ("c", None, None)], key=repr)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad", [[("a", 1)], (("a", 1),), None, "ab"], ids=repr)
+async def test_put_all_refuses_a_non_mapping_and_keeps_the_map(sh, bad):
+    async def step(s, ctx):
+        await s.m.put("keep", 0)
+        try:
+            s.m.put_all(bad)
+        except Exception as exc:  # noqa: BLE001 - the type is part of the expected output
+            ctx.emit((type(exc).__name__, str(exc)))
+        ctx.emit(await to_list(s.m.entries()))
+
+    out = await sh.run(sh.AsyncScript(m=M("m")), [("k", step)])
+    assert out == [
+        ("TypeError", f"put_all() of state 'm' expects a mapping, got {type(bad).__name__}"),
+        [("keep", 0)],
+    ]

@@ -1,107 +1,229 @@
-"""Keys and values: canonical-bytes key identity, value round trips, SerializationError."""
+"""Values through states: round trips on every backend (tuples come back as lists, exact
+types), and SerializationError at the call that wrote what msgpack cannot hold."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+import subprocess
+import sys
+import textwrap
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from samples import (
+    Color,
+    Point,
+    Weight,
+    keys,
+    values,
+)
+from shared_functions import (
+    by_key_bytes,
+    normalize,
+    run_steps,
+    slow_examples,
+    strict_eq,
+    to_list,
+)
 
 import asyncstate as ast
 
 V = ast.ValueStateDescriptor
 L = ast.ListStateDescriptor
 M = ast.MapStateDescriptor
+R = ast.ReducingStateDescriptor
+
+TUPLE_VALUES = [(1, 2), ((1, (2, (3,))),), [(1,), ((),)], {"a": (1, (2,))},
+                {(1, 2): (3,), 5: [(6,)]}, {(1, (2, 3)): {"x": ((4,),)}}, (), ((), [])]
 
 
-class Counter(ast.KeyedProcessFunction):
-    def open(self, ctx):
-        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+async def test_tuples_come_back_as_lists_in_every_state_kind(sh):
+    async def step(s, ctx):
+        for i, value in enumerate(TUPLE_VALUES):
+            await s.v.update(value)
+            await s.l.update([value, value])
+            await s.m.put(i, value)
+            await s.r.clear()
+            await s.r.add(value)
+            ctx.emit((await s.v.value(), await to_list(s.l.get()), await s.m.get(i),
+                      await s.r.get()))
+        ctx.emit(by_key_bytes(await to_list(s.m.entries())))
 
-    async def process_element(self, value, ctx):
-        n = (await self.count.value() or 0) + 1
-        await self.count.update(n)
-        ctx.emit((value[1], n))
-
-
-# -- keys ---------------------------------------------------------------------------------
-
-
-async def test_one_one_point_zero_and_true_are_three_keys(sh):
-    records = [(1, "int"), (1.0, "float"), (True, "bool"), (1, "int"), (True, "bool")]
-    out = await sh.run(Counter(), records)
-    assert sorted(out) == sorted([("int", 1), ("float", 1), ("bool", 1), ("int", 2),
-                                  ("bool", 2)])
-
-
-async def test_list_and_tuple_with_equal_items_are_the_same_key(sh):
-    records = [([1, "a"], "list"), ((1, "a"), "tuple"), ([1, "a"], "list"),
-               (((1, 2), [3]), "nested-t"), ([[1, 2], (3,)], "nested-l")]
-    out = await sh.run(Counter(), records)
-    assert sorted(n for tag, n in out if tag in ("list", "tuple")) == [1, 2, 3]
-    assert sorted(n for tag, n in out if tag.startswith("nested")) == [1, 2]
+    descriptors = dict(v=V("v"), l=L("l"), m=M("m"), r=R("r", lambda a, b: b))
+    out = await sh.run(sh.AsyncScript(**descriptors), [("k", step)], iterator_chunk_size=2)
+    *per_value, ents = out
+    for value, got in zip(TUPLE_VALUES, per_value, strict=True):
+        n = sh.normalize(value)
+        assert strict_eq(got, (n, [n, n], n, n), dict_order=False), (value, got)
+    assert strict_eq(ents, [(i, sh.normalize(v)) for i, v in enumerate(TUPLE_VALUES)],
+                     dict_order=False)
 
 
-async def test_other_scalar_keys_are_distinct(sh):
-    keys = [None, 0, 0.0, False, "", b"", "0", b"0", -1, 2**64 - 1, -(2**63), [], [None]]
-    records = [(k, repr(k)) for k in keys] * 2
-    out = await sh.run(Counter(), records)
-    assert sorted(out) == sorted([(repr(k), n) for k in keys for n in (1, 2)])
+EDGE_SCALARS = [0, -1, 2**64 - 1, -(2**63), 2**63, 0.0, -0.0, math.inf, -math.inf, 1e-308,
+                5e-324, "", b"", "\x00", b"\x00", "\U0001f600", True, False, [], {}, [None],
+                {None: None}, {b"": ""}, {1.5: -0.0}]
 
 
-@pytest.mark.parametrize(("bad_key", "type_name"), [
-    pytest.param({"a": 1}, "dict", id="dict"),
-    pytest.param([1, {"a": 1}], "dict", id="list-with-dict"),
-    pytest.param({1}, "set", id="set"),
-    pytest.param(object(), "object", id="object"),
-    pytest.param(2**64, "int", id="int-2**64"),
-    pytest.param(-(2**63) - 1, "int", id="int-below-min"),
-    pytest.param("\ud800", "str", id="lone-surrogate"),
-])
-async def test_invalid_key_raises_serialization_error_at_process(sh, bad_key, type_name):
-    class Fn(ast.KeyedProcessFunction):
-        def process_element(self, value, ctx):
-            ctx.emit(ctx.current_key)
+async def test_edge_scalar_values_round_trip_with_exact_types(sh):
+    async def step(s, ctx):
+        for v in EDGE_SCALARS:
+            await s.v.update(v)
+            await s.m.put("x", v)
+            ctx.emit((await s.v.value(), await s.m.get("x")))
+        await s.l.add_all(EDGE_SCALARS)
+        ctx.emit(await to_list(s.l.get()))
 
-    async with ast.KeyedOperator(Fn(), key_selector=lambda r: r[0],
-                                 backend=sh.backend) as op:
-        with pytest.raises(ast.SerializationError) as info:
-            await op.process((bad_key, "x"))
-        assert info.value.type_name == type_name
-        assert type_name in str(info.value)
-        # The operator is still usable: a rejected record is not a failure of the run.
-        await op.process(("fine", "y"))
-        await op.drain()
-        assert op.outputs() == ["fine"]
+    out = await sh.run(sh.AsyncScript(v=V("v"), l=L("l"), m=M("m")), [("k", step)],
+                       iterator_chunk_size=5)
+    *pairs, listed = out
+    for v, got in zip(EDGE_SCALARS, pairs, strict=True):
+        assert strict_eq(got, (v, v), dict_order=False), (v, got)
+    assert strict_eq(listed, EDGE_SCALARS, dict_order=False)
 
 
-def test_dict_as_key_error_names_dicts():
-    class Fn(ast.KeyedProcessFunction):
-        def process_element(self, value, ctx):
-            pass
+async def test_nan_value_and_nan_map_key(sh):
+    async def step(s, ctx):
+        await s.v.update(math.nan)
+        await s.m.put(math.nan, [math.nan])
+        ctx.emit((await s.v.value(), await s.m.get(math.nan), await s.m.contains(math.nan),
+                  await to_list(s.m.entries())))
 
-    with pytest.raises(ast.SerializationError, match=r"(?i)dict"):
-        ast.run(Fn(), [{"a": 1}], key_selector=lambda r: r)
-
-
-async def test_current_key_is_the_selected_key(sh):
-    class Fn(ast.KeyedProcessFunction):
-        def process_element(self, value, ctx):
-            ctx.emit((value, ctx.current_key))
-
-    records = ["a", 1, 1.0, True, None, b"x", (1, 2)]
-    async with ast.KeyedOperator(Fn(), key_selector=lambda r: r, backend=sh.backend) as op:
-        for r in records:
-            await op.process(r)
-        await op.drain()
-        out = op.outputs()
-    assert sorted(map(repr, out)) == sorted(repr((r, r)) for r in records)
-    assert all(type(k) is type(v) for v, k in out)
+    [(v, got, has, ents)] = await sh.run(sh.AsyncScript(v=V("v"), m=M("m")), [("k", step)])
+    assert math.isnan(v) and math.isnan(got[0]) and has is True
+    assert len(ents) == 1 and math.isnan(ents[0][0]) and math.isnan(ents[0][1][0])
 
 
-# -- values -------------------------------------------------------------------------------
+async def test_large_values_and_large_keys(sh):
+    big = bytes(range(256)) * (4 * 4096)  # 4 MiB
+    text = "\u00e9\u20ac" * 200_000
+    long_key = "k" * 100_000
+
+    async def write(s, ctx):
+        await s.v.update(big)
+        await s.m.put(long_key, text)
+        await s.m.put(b"\xff" * 50_000, [big[:1000]] * 100)
+        await s.l.add_all([text] * 3)
+
+    async def read(s, ctx):
+        v = await s.v.value()
+        ctx.emit((v == big, await s.m.get(long_key) == text,
+                  await s.m.get(b"\xff" * 50_000) == [big[:1000]] * 100,
+                  await to_list(s.l.get()) == [text] * 3,
+                  sorted(len(k) for k in await to_list(s.m.keys()))))
+
+    out = await sh.run(sh.AsyncScript(v=V("v"), l=L("l"), m=M("m")),
+                       [(long_key, write), (long_key, read)], iterator_chunk_size=1)
+    assert out == [(True, True, True, True, [50_000, 100_000])]
+
+
+async def test_mutating_values_after_the_call_does_not_change_state(sh):
+    def step(s, ctx):
+        v = [1]
+        d = {"a": [1]}
+        items = [[1]]
+        s.v.update(v)
+        s.m.put("k", d)
+        s.l.add_all(items)
+        s.l.add(v)
+        v.append(2)
+        d["a"].append(2)
+        items[0].append(2)
+        items.append("late")
+        return ast.combine_all([s.v.value(), s.m.get("k"),
+                                s.l.get().then_compose(lambda it: it.to_list())]
+                               ).then_accept(ctx.emit)
+
+    out = await sh.run(sh.Script(v=V("v"), l=L("l"), m=M("m")), [("k", step)])
+    assert out == [[[1], {"a": [1]}, [[1], [1]]]]
+
+
+class Unencodable:
+    pass
+
+
+BAD_WRITES = {
+    "v.update object": ("v", "Unencodable", lambda s: s.v.update(Unencodable())),
+    "v.update set": ("v", "set", lambda s: s.v.update({1})),
+    "v.update big int": ("v", "int", lambda s: s.v.update(2**64)),
+    "v.update small int": ("v", "int", lambda s: s.v.update(-(2**63) - 1)),
+    "v.update surrogate": ("v", "str", lambda s: s.v.update("\ud800")),
+    "l.add": ("l", "Unencodable", lambda s: s.l.add(Unencodable())),
+    "l.add_all": ("l", "Unencodable", lambda s: s.l.add_all([1, Unencodable()])),
+    "l.update": ("l", "Unencodable", lambda s: s.l.update([1, Unencodable()])),
+    "l.update generator": ("l", "int", lambda s: s.l.update(x for x in (1, 2**64))),
+    "m.put": ("m", "Unencodable", lambda s: s.m.put("a", Unencodable())),
+    "m.put_all": ("m", "Unencodable", lambda s: s.m.put_all({"b": 1, "c": Unencodable()})),
+    "m.put_all bad key": ("m", "dict", lambda s: s.m.put_all({"b": 1, (1, 2**64): 1})),
+    "m.put float key big": ("m", "int", lambda s: s.m.put(-(2**63) - 1, 1)),
+    "m.get surrogate key": ("m", "str", lambda s: s.m.get("\udfff")),
+    "r.add": ("r", "Unencodable", lambda s: s.r.add(Unencodable())),
+}
+
+
+async def test_serialization_errors_name_state_and_leave_state_intact(sh):
+    def step(s, ctx):
+        s.v.update([1])
+        s.l.add_all([1, 2])
+        s.m.put("a", 1)
+        s.r.add(5)
+        for name, (_, _, call) in BAD_WRITES.items():
+            try:
+                call(s)
+            except ast.SerializationError as exc:
+                ctx.emit((name, exc.state_name, exc.type_name, repr(exc.state_name) in str(exc)))
+            else:
+                ctx.emit((name, "no error"))
+        return ast.combine_all([
+            s.v.value(), s.l.get().then_compose(lambda it: it.to_list()),
+            s.m.entries().then_compose(lambda it: it.to_list()), s.r.get(),
+        ]).then_accept(ctx.emit)
+
+    def later(s, ctx):
+        return ast.combine_all([
+            s.v.value(), s.l.get().then_compose(lambda it: it.to_list()),
+            s.m.entries().then_compose(lambda it: it.to_list()), s.r.get(),
+        ]).then_accept(ctx.emit)
+
+    descriptors = dict(v=V("v"), l=L("l"), m=M("m"), r=R("r", lambda a, b: a + b))
+    out = await sh.run(sh.Script(**descriptors), [("k", step), ("k", later)])
+    *errors, after, after_later = out
+    got = {e[0]: e[1:] for e in errors}
+    for name, (state, type_name, _) in BAD_WRITES.items():
+        if name == "m.put_all bad key":  # the key's type is the tuple holding the big int
+            assert got[name][0] == state and got[name][2] is True, got[name]
+            continue
+        assert got[name] == (state, type_name, True), (name, got[name])
+    assert after == after_later == [[1], [1, 2], [("a", 1)], 5]
+
+
+def test_deeply_nested_key_raises_serialization_error_not_a_crash():
+    code = textwrap.dedent("""
+        import asyncstate as ast
+
+        key = 1
+        for _ in range(100_000):
+            key = [key]
+
+        class Fn(ast.KeyedProcessFunction):
+            def open(self, ctx):
+                self.m = ctx.get_map_state(ast.MapStateDescriptor("m"))
+
+            def process_element(self, record, ctx):
+                try:
+                    self.m.put(key, 1)
+                except ast.SerializationError as exc:
+                    ctx.emit(("SerializationError", exc.state_name))
+                except RecursionError:
+                    ctx.emit(("RecursionError", None))
+
+        print(ast.run(Fn(), [("k",)], key_selector=lambda r: r[0]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
+    assert proc.stdout.strip() == "[('SerializationError', 'm')]"
 
 
 ROUND_TRIPS = [
@@ -154,8 +276,6 @@ async def test_dict_with_int_and_tuple_keys_round_trips(sh):
     assert set(out[0]) == {1, (1, 2), "s"}
 
 
-# -- unencodable values -------------------------------------------------------------------
-
 def _nested_too_deep() -> list:
     """1025 nested lists, the innermost empty: msgpack packs it but reads 1024 levels."""
     v: list = []
@@ -173,6 +293,7 @@ class _HashableDict(dict):
 
 BAD_VALUES = [object(), 2**64, -(2**63) - 1, "\ud800", {1, 2}, [1, object()],
               {"k": {1, 2}}, frozenset({1}), _nested_too_deep(), {_HashableDict(a=1): "x"}]
+
 BAD_IDS = ["object", "int-2**64", "int-below-min", "lone-surrogate", "set", "list-with-object",
            "dict-with-set", "frozenset", "nested-one-level-too-deep", "dict-as-dict-key"]
 
@@ -274,11 +395,11 @@ async def test_uncaught_unencodable_value_fails_the_operator_promptly(sh):
     assert info.value.type_name == "set"
 
 
-# -- property: every encodable value round-trips, identically on every backend ------------
-
 _key_scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
                 | st.floats(allow_nan=False) | st.text() | st.binary())
+
 _hashable_keys = st.recursive(_key_scalars, lambda inner: st.tuples(inner, inner), max_leaves=4)
+
 _values = st.recursive(
     _key_scalars,
     lambda inner: (st.lists(inner, max_size=4) | st.tuples(inner, inner)
@@ -311,3 +432,61 @@ def test_property_values_and_map_keys_round_trip_on_every_backend(state_helpers,
         out = ast.run(_Roundtrip(), [("k", value, map_key)], key_selector=lambda r: r[0],
                       backend=factory(None))
         assert out == [expected]
+
+
+SerializationError = ast.SerializationError
+BACKENDS = ["heap", "rocksdb", "remote0-rocksdb"]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@settings(max_examples=slow_examples(10), suppress_health_check=[HealthCheck.too_slow])
+@given(v=values, user_key=keys)
+def test_values_and_map_keys_round_trip_through_backends(backend_name, v, user_key):
+    async def step(s, ctx):
+        await s.v.update(v)
+        await s.l.add(v)
+        await s.m.put(user_key, v)
+        ctx.emit((await s.v.value(), await (await s.l.get()).to_list(),
+                  await (await s.m.entries()).to_list(), await s.m.get(normalize(user_key))))
+
+    assume(v is not None)
+    (val, lst, ents, got), = run_steps(backend_name, 1000, [("k", step)])
+    exp = normalize(v)
+    assert strict_eq(val, exp) and len(lst) == 1 and strict_eq(lst[0], exp)
+    assert len(ents) == 1 and strict_eq(ents[0][0], normalize(user_key))
+    assert strict_eq(ents[0][1], exp) and strict_eq(got, exp)
+
+
+@pytest.mark.parametrize("backend_name", ["heap", "rocksdb"])
+def test_state_calls_refuse_bad_input_at_the_call_naming_the_state(backend_name):
+    cases = [
+        ("v", "update", (2**64,), "int"),
+        ("v", "update", ({"a": {"\udc80": 1}},), "dict"),
+        ("l", "add", ([2**64],), "list"),
+        ("l", "add_all", ([1, {1, 2}],), "set"),
+        ("m", "put", ({"a": 1}, 1), "dict"),
+        ("m", "put", ("\udc80", 1), "str"),
+        ("m", "put", ((1, 2**64), 1), "int"),
+        ("m", "put", (Color.RED, 1), "Color"),
+        ("m", "put", ("ok", {"k": -(2**63) - 1}), "dict"),
+        ("m", "get", (bytearray(b"x"),), "bytearray"),
+        ("m", "put_all", ({Point(1, 2): 1},), "Point"),
+        ("m", "contains", (Weight(1.0),), "Weight"),
+    ]
+
+    def step(s, ctx):
+        for attr, method, args, type_name in cases:
+            try:
+                getattr(getattr(s, attr), method)(*args)
+            except SerializationError as exc:
+                ctx.emit((attr, exc.state_name, exc.type_name == type_name,
+                          attr in str(exc)))
+            else:
+                ctx.emit((attr, "no error"))
+        try:
+            s.m.set_current_namespace({"ns": 1})
+        except SerializationError as exc:
+            ctx.emit(("ns", exc.state_name, exc.type_name == "dict", "namespace" in str(exc)))
+
+    out = run_steps(backend_name, 1000, [("k", step)])
+    assert out == [(a, a, True, True) for a, *_ in cases] + [("ns", "m", True, True)]

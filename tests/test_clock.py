@@ -1,0 +1,33 @@
+"""ManualClock: time moves only forward, and only when told."""
+
+from __future__ import annotations
+
+import pytest
+
+import asyncstate as ast
+from asyncstate.testing import ManualClock
+
+
+def test_manual_clock():
+    clock = ast.ManualClock()
+    assert clock.now_ms() == 0
+    clock.advance(5)
+    clock.set(12)
+    assert clock.now_ms() == 12
+    with pytest.raises(ValueError):
+        clock.set(11)
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+    assert ast.ManualClock(start_ms=100).now_ms() == 100
+
+
+def test_manual_clock_moves_only_forward() -> None:
+    clock = ManualClock(5)
+    clock.advance(10)
+    assert clock.now_ms() == 15
+    clock.set(20)
+    assert clock.now_ms() == 20
+    with pytest.raises(ValueError, match="never goes backwards"):
+        clock.set(19)
+    with pytest.raises(ValueError, match="non-negative"):
+        clock.advance(-1)
