@@ -24,7 +24,7 @@ BACKENDS = {
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+def timer_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     counter = iter(range(1000))
     return lambda: BACKENDS[request.param](tmp_path / f"db{next(counter)}")
 
@@ -62,7 +62,7 @@ class EventTimers(ast.KeyedProcessFunction):
         ctx.emit(("timer", ctx.current_key, ts))
 
 
-async def test_flink_scenario_51_watermark_fires_one_key_s_timers_in_order(make_backend):
+async def test_flink_scenario_51_watermark_fires_one_key_s_timers_in_order(timer_backend):
     class Fn(ast.KeyedProcessFunction):
         def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
             ctx.timer_service.register_event_time_timer(int(record[1]))
@@ -70,7 +70,7 @@ async def test_flink_scenario_51_watermark_fires_one_key_s_timers_in_order(make_
         def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
             ctx.emit(f"EventTimer-{ctx.current_key}-{ts}")
 
-    async with operator(Fn(), make_backend(), timestamp_selector=None) as op:
+    async with operator(Fn(), timer_backend(), timestamp_selector=None) as op:
         for value in ("1", "3", "6", "9"):
             await op.process((1, value))
         await op.advance_watermark(10)
@@ -79,8 +79,8 @@ async def test_flink_scenario_51_watermark_fires_one_key_s_timers_in_order(make_
         assert op.current_watermark() == 10
 
 
-async def test_timers_fire_in_order_with_the_key_s_records_around_a_watermark(make_backend):
-    async with operator(EventTimers(), make_backend()) as op:
+async def test_timers_fire_in_order_with_the_key_s_records_around_a_watermark(timer_backend):
+    async with operator(EventTimers(), timer_backend()) as op:
         await op.process(("k", 1, [5, 20]))
         advance = asyncio.create_task(op.advance_watermark(10))
         await asyncio.sleep(0)  # the advance is queued: records after it wait for its timers
@@ -92,7 +92,7 @@ async def test_timers_fire_in_order_with_the_key_s_records_around_a_watermark(ma
                                 ("record", "j", 12), ("timer", "j", 12), ("timer", "k", 20)]
 
 
-async def test_one_key_s_timers_run_one_after_another_while_keys_overlap(make_backend):
+async def test_one_key_s_timers_run_one_after_another_while_keys_overlap(timer_backend):
     gate = asyncio.Event()
     events: list[str] = []
 
@@ -109,7 +109,7 @@ async def test_one_key_s_timers_run_one_after_another_while_keys_overlap(make_ba
             if ts == 4:
                 gate.set()  # key j's timer ran while key k's first timer was still waiting
 
-    async with operator(Fn(), make_backend()) as op:
+    async with operator(Fn(), timer_backend()) as op:
         await op.process(("k", 0, [3, 5]))
         await op.process(("j", 0, [4]))
         await asyncio.wait_for(op.advance_watermark(10), 30)
@@ -117,7 +117,7 @@ async def test_one_key_s_timers_run_one_after_another_while_keys_overlap(make_ba
     assert events.index("start j4") < events.index("end k3")
 
 
-async def test_on_timer_deletes_and_registers_timers_of_its_key(make_backend):
+async def test_on_timer_deletes_and_registers_timers_of_its_key(timer_backend):
     class Fn(EventTimers):
         async def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
             if ts == 5:
@@ -127,7 +127,7 @@ async def test_on_timer_deletes_and_registers_timers_of_its_key(make_backend):
                 ctx.timer_service.register_event_time_timer(15)  # fires at the next advance
             await super().on_timer(ts, ctx)
 
-    async with operator(Fn(), make_backend()) as op:
+    async with operator(Fn(), timer_backend()) as op:
         await op.process(("k", 0, [5, 7, 7]))  # registering 7 twice keeps one
         await op.advance_watermark(10)
         assert op.outputs() == [("record", "k", 0), ("timer", "k", 5), ("timer", "k", 6)]
@@ -135,8 +135,8 @@ async def test_on_timer_deletes_and_registers_timers_of_its_key(make_backend):
         assert op.outputs() == [("timer", "k", 15)]
 
 
-async def test_a_record_s_timer_behind_the_watermark_fires_at_the_next_advance(make_backend):
-    async with operator(EventTimers(), make_backend()) as op:
+async def test_a_record_s_timer_behind_the_watermark_fires_at_the_next_advance(timer_backend):
+    async with operator(EventTimers(), timer_backend()) as op:
         await op.advance_watermark(100)
         await op.process(("k", 1, [50]))
         await op.drain()
@@ -147,7 +147,7 @@ async def test_a_record_s_timer_behind_the_watermark_fires_at_the_next_advance(m
 
 
 async def test_equal_timestamps_of_many_keys_all_fire_in_one_order_on_every_backend(
-        make_backend):
+        timer_backend):
     class Fn(ast.KeyedProcessFunction):
         def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
             ctx.timer_service.register_event_time_timer(7)
@@ -156,7 +156,7 @@ async def test_equal_timestamps_of_many_keys_all_fire_in_one_order_on_every_back
             ctx.emit(ctx.current_key)
 
     keys = ["b", 3, "a", b"x", 1.5, ("t", 1), None]
-    async with operator(Fn(), make_backend(), timestamp_selector=None) as op:
+    async with operator(Fn(), timer_backend(), timestamp_selector=None) as op:
         for k in keys:
             await op.process((k,))
         await op.advance_watermark(7)
@@ -164,7 +164,7 @@ async def test_equal_timestamps_of_many_keys_all_fire_in_one_order_on_every_back
     assert fired == sorted(keys, key=canonical_key)
 
 
-async def test_processing_time_timers_fire_on_advance_with_a_manual_clock(make_backend):
+async def test_processing_time_timers_fire_on_advance_with_a_manual_clock(timer_backend):
     class Fn(ast.KeyedProcessFunction):
         def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
             service = ctx.timer_service
@@ -176,7 +176,7 @@ async def test_processing_time_timers_fire_on_advance_with_a_manual_clock(make_b
             ctx.emit((ctx.current_key, ts, ctx.timer_namespace))
 
     clock = ast.ManualClock(1_000)
-    async with operator(Fn(), make_backend(), clock=clock, timestamp_selector=None) as op:
+    async with operator(Fn(), timer_backend(), clock=clock, timestamp_selector=None) as op:
         await op.process(("a", 1_500, None))
         await op.process(("b", 1_200, "w"))
         await op.process(("a", 1_500, "w"))
@@ -188,7 +188,7 @@ async def test_processing_time_timers_fire_on_advance_with_a_manual_clock(make_b
 
 
 @pytest.mark.timeout(60)
-async def test_processing_time_timers_fire_from_the_wall_clock(make_backend):
+async def test_processing_time_timers_fire_from_the_wall_clock(timer_backend):
     fired = asyncio.Event()
 
     class Fn(ast.KeyedProcessFunction):
@@ -203,14 +203,14 @@ async def test_processing_time_timers_fire_from_the_wall_clock(make_backend):
             fired.set()
 
     fn = Fn()
-    async with operator(fn, make_backend(), timestamp_selector=None) as op:
+    async with operator(fn, timer_backend(), timestamp_selector=None) as op:
         await op.process(("k",))
         await asyncio.wait_for(fired.wait(), 30)
         assert op.outputs() == [("k", fn.near)]  # the far one is still pending
 
 
 @pytest.mark.timeout(60)
-async def test_a_wall_clock_timer_due_while_its_key_is_busy_waits_for_the_record(make_backend):
+async def test_a_wall_clock_timer_due_while_its_key_is_busy_waits_for_the_record(timer_backend):
     gate = asyncio.Event()
     events: list[str] = []
 
@@ -225,7 +225,7 @@ async def test_a_wall_clock_timer_due_while_its_key_is_busy_waits_for_the_record
         def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
             events.append("timer")
 
-    async with operator(Fn(), make_backend(), timestamp_selector=None) as op:
+    async with operator(Fn(), timer_backend(), timestamp_selector=None) as op:
         await op.process(("k",))
         controller = op.controller
         for _ in range(10_000):  # until the due timer waits for its key
@@ -252,7 +252,7 @@ def test_run_fires_every_event_time_timer_and_drops_processing_time_timers() -> 
                    ("timer", "a", 5), ("timer", "a", 2**63 - 1)]
 
 
-async def test_timer_service_outside_its_record_and_without_on_timer_raise(make_backend):
+async def test_timer_service_outside_its_record_and_without_on_timer_raise(timer_backend):
     kept: list[Any] = []
 
     class NoOnTimer(ast.KeyedProcessFunction):
@@ -263,20 +263,20 @@ async def test_timer_service_outside_its_record_and_without_on_timer_raise(make_
                                match=r"^NoOnTimer registers a timer but has no on_timer"):
                 ctx.timer_service.register_event_time_timer(5)
 
-    async with operator(NoOnTimer(), make_backend(), timestamp_selector=None) as op:
+    async with operator(NoOnTimer(), timer_backend(), timestamp_selector=None) as op:
         await op.process(("k",))
         await op.drain()
         with pytest.raises(ast.InvalidStateError, match="after that record finished"):
             kept[0].timer_service  # noqa: B018
 
 
-async def test_a_failing_on_timer_fails_the_run(make_backend):
+async def test_a_failing_on_timer_fails_the_run(timer_backend):
     class Fn(EventTimers):
         def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
             raise ValueError(f"timer {ts}")
 
     with pytest.raises(ValueError, match=r"^timer 5$"):
-        async with operator(Fn(), make_backend()) as op:
+        async with operator(Fn(), timer_backend()) as op:
             await op.process(("k", 0, [5]))
             await op.advance_watermark(10)
 
