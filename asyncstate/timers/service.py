@@ -34,7 +34,6 @@ from asyncstate.serde import NONE_BYTES, canonical_key, decode_key
 from asyncstate.timers.base import KeyGroupedInternalPriorityQueue
 from asyncstate.timers.heap_set import HeapPriorityQueueSet
 from asyncstate.timers.partitioned import KeyGroupPartitionedPriorityQueue
-from asyncstate.timers.rocksdb_set import RocksDBPriorityQueueSet
 from asyncstate.timers.timer import InternalTimer, decode_timer, encode_timer
 
 __all__ = [
@@ -208,6 +207,10 @@ def timer_queue(store: Any, key_groups: KeyGroupRange, max_parallelism: int) -> 
     None, else one RocksDB set per key group in `store`, joined by their heads."""
     if store is None:
         return HeapPriorityQueueSet(key_groups, max_parallelism)
+    # Imported here: it needs rocksdict, an optional dependency (a store comes only from
+    # RocksDBBackend, which needs it too).
+    from asyncstate.timers.rocksdb_set import RocksDBPriorityQueueSet
+
     return KeyGroupPartitionedPriorityQueue(
         lambda key_group: RocksDBPriorityQueueSet(store, key_group), key_groups,
         max_parallelism)

@@ -4,6 +4,9 @@ each key's records, through checkpoints and rescaling, on the heap and RocksDB."
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -384,3 +387,25 @@ def test_random_registers_deletes_records_and_watermarks_match_the_model(
     # firings hold a key only while they run), so every backend fires in the model's order,
     # a synchronous timer service's: timestamp, then key bytes, covered timers included.
     assert asyncio.run(main()) == model(script)
+
+
+def test_timers_work_where_rocksdict_is_not_installed() -> None:
+    # rocksdict is an optional dependency: the timer service must not need it on the heap.
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["rocksdict"] = None  # an import of it now fails, as when not installed
+        import asyncstate as ast
+
+        class Fn(ast.KeyedProcessFunction):
+            def process_element(self, record, ctx):
+                ctx.timer_service.register_event_time_timer(record)
+
+            def on_timer(self, ts, ctx):
+                ctx.emit(ts)
+
+        print(ast.run(Fn(), [3, 1, 2], key_selector=lambda r: r))
+    """)
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[1, 2, 3]\n"
