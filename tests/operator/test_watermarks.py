@@ -184,9 +184,10 @@ async def test_records_admitted_after_the_watermark_are_not_waited_for(backend_n
 
 
 @pytest.mark.timeout(30)
-async def test_record_admitted_before_a_watermark_never_sees_it():
-    """The watermark takes effect only after every earlier record finished: a record
-    admitted before advance_watermark(ts) reads the old watermark throughout."""
+async def test_a_watermark_is_a_barrier_between_the_records_before_and_after_it():
+    """The watermark takes effect only after every earlier record finished (a record admitted
+    before advance_watermark(ts) reads the old watermark throughout), and records admitted
+    after it start only once it took effect (they read the new one)."""
     fn = Tracker()
     op = await _open(fn, "remote5")
     gate = asyncio.Event()
@@ -197,16 +198,15 @@ async def test_record_admitted_before_a_watermark_never_sees_it():
         await let_loop_run()
         assert not wm.done()
         assert op.current_watermark() == MIN_WM  # not yet in effect
-        # A record admitted after the watermark, running before it takes effect.
-        await op.process(("b", 1, ["v"]))
-        await fn.done.at_least(1)  # record b ran and finished; a still waits
-        assert fn.finished == [1]
-        assert op.current_watermark() == MIN_WM
+        await op.process(("b", 1, ["v"]))  # admitted after the watermark: it waits
+        await let_loop_run()
+        assert fn.started == [0]
         gate.set()
         await asyncio.wait_for(wm, 10)
         assert op.current_watermark() == 100
-        assert fn.seen_wm[0] == (MIN_WM, MIN_WM)
-        await op.drain()
+        await asyncio.wait_for(op.drain(), 10)
+        assert fn.finished == [0, 1]
+        assert fn.seen_wm == {0: (MIN_WM, MIN_WM), 1: (100, 100)}
 
 
 @pytest.mark.timeout(30)
