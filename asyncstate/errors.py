@@ -83,11 +83,14 @@ class KeyGroupError(AsyncStateError):
 
 
 class CheckpointError(AsyncStateError):
-    """Raised when a checkpoint cannot be written or restored; names the file or part."""
+    """Raised when a checkpoint cannot be written or restored; names the file or part and,
+    where one key group is at fault, the key group."""
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
+    def __init__(self, message: str, *, path: str | None = None,
+                 key_group: int | None = None) -> None:
         super().__init__(message)
         self.path = path
+        self.key_group = key_group
 
 
 class InvalidStateError(AsyncStateError, RuntimeError):

@@ -327,11 +327,11 @@ def _read_checked(f: Any, path: str, kg: int, e: KeyGroupEntry) -> bytes:
     if len(data) != e.size:
         raise CheckpointError(
             f"data file {path!r} is truncated at key group {kg}: expected {e.size} bytes at "
-            f"offset {e.offset}, found {len(data)}", path=path)
+            f"offset {e.offset}, found {len(data)}", path=path, key_group=kg)
     if zlib.crc32(data) != e.crc32:
         raise CheckpointError(
             f"checksum mismatch in data file {path!r}, key group {kg}: the file is damaged",
-            path=path)
+            path=path, key_group=kg)
     return data
 
 
@@ -374,15 +374,16 @@ def _decode_stream(data: bytes, path: str, kg: int, expected: int) -> list[Any]:
             end = unpacker.tell()
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CheckpointError(f"key group {kg} of data file {path!r} cannot be decoded: {exc}",
-                              path=path) from exc
+                              path=path, key_group=kg) from exc
     if end != len(data):
         raise CheckpointError(
             f"key group {kg} of data file {path!r} cannot be decoded: it ends in an incomplete "
-            f"record ({len(data) - end} bytes after record {len(records)})", path=path)
+            f"record ({len(data) - end} bytes after record {len(records)})", path=path,
+            key_group=kg)
     if len(records) != expected:
         raise CheckpointError(
             f"key group {kg} of data file {path!r} holds {len(records)} records, its manifest "
-            f"says {expected}", path=path)
+            f"says {expected}", path=path, key_group=kg)
     return records
 
 

@@ -224,7 +224,7 @@ def _restore_key_group(backend: SnapshotBackend, checkpoint: Checkpoint, kg: int
 
     def damaged(what: str) -> CheckpointError:
         return CheckpointError(f"key group {kg} of data file {data_path!r}: {what}",
-                               path=data_path)
+                               path=data_path, key_group=kg)
 
     restored = 0
     i, n = 0, len(stream)

@@ -700,9 +700,6 @@ async def test_a_changed_value_that_still_decodes_is_refused_at_restore(chk: Cop
              r"damaged$", path)
 
 
-@pytest.mark.xfail(strict=True, reason="CheckpointError has only `path`: the key group of a "
-                   "damaged key group is named in the message but not given as an attribute "
-                   "(KeyGroupError has `key_group`)")
 def test_a_checksum_error_gives_the_key_group_as_an_attribute(tmp_path: Any) -> None:
     chk = checkpoint_path(tmp_path, 1)
     write_all(chk, 1)
@@ -712,4 +709,4 @@ def test_a_checksum_error_gives_the_key_group_as_an_attribute(tmp_path: Any) -> 
     with pytest.raises(CheckpointError) as exc:
         read_all(chk)
     assert exc.value.path == part.data_path
-    assert getattr(exc.value, "key_group", None) == 12
+    assert exc.value.key_group == 12
