@@ -223,13 +223,13 @@ def test_enable_time_to_live_rejects_none_and_keeps_a_config(make):
         descriptor.enable_time_to_live(None)
     assert info.value.option == "ttl_config"
     assert descriptor.ttl_config is None
-    ttl = object()
+    ttl = ast.StateTtlConfig.new_builder(1000).build()
     descriptor.enable_time_to_live(ttl)
     assert descriptor.ttl_config is ttl
 
 
 def test_descriptor_ttl_keyword_enables_time_to_live():
-    ttl = object()
+    ttl = ast.StateTtlConfig.new_builder(1000).build()
     assert ast.ValueStateDescriptor("v", ttl=ttl).ttl_config is ttl
     assert ast.ReducingStateDescriptor("r", max, ttl=ttl).ttl_config is ttl
     assert ast.AggregatingStateDescriptor("a", Sum(), ttl=ttl).ttl_config is ttl
@@ -337,30 +337,6 @@ async def test_redeclaring_a_state_with_the_same_kind_returns_the_same_state():
     assert l1 is l2
     assert v1 is not l1
     assert states == {"v": v1, "l": l1}
-
-
-@pytest.mark.parametrize("declare", [
-    lambda ctx: ctx.get_state(ast.ValueStateDescriptor("ttl_state", ttl=object())),
-    lambda ctx: ctx.get_map_state(ast.MapStateDescriptor("ttl_state", ttl=object())),
-    lambda ctx: ctx.get_aggregating_state(
-        ast.AggregatingStateDescriptor("ttl_state", Sum(), ttl=object())),
-], ids=["value", "map", "aggregating"])
-async def test_state_with_ttl_is_not_implemented_and_names_the_state(declare):
-    with pytest.raises(NotImplementedError, match=r"^state 'ttl_state' has a TTL config, but "
-                                                  r"state TTL is not available in this version "
-                                                  r"of asyncstate$"):
-        await _open(declare)
-
-
-async def test_state_with_ttl_from_enable_time_to_live_is_not_declared():
-    def declare(ctx):
-        descriptor = ast.ListStateDescriptor("expiring")
-        descriptor.enable_time_to_live(object())
-        with pytest.raises(NotImplementedError, match=r"^state 'expiring' has a TTL config"):
-            ctx.get_list_state(descriptor)
-        return ctx.states
-
-    assert await _open(declare) == {}
 
 
 # -- RuntimeContext: declaring operator state ---------------------------------------------

@@ -29,7 +29,7 @@ class RecordRunner:
 
     __slots__ = ("_controller", "_driver", "_key_selector", "_kg_end", "_kg_start",
                  "_max_parallelism", "_operator", "_parallelism", "_index", "_process_element",
-                 "_timestamp_selector", "run")
+                 "_timestamp_selector", "record_hooks", "run")
 
     def __init__(self, operator: Any, process_element: Callable[[Any, Any], Any],
                  key_selector: Callable[[Any], Any],
@@ -50,6 +50,9 @@ class RecordRunner:
         self._max_parallelism = max_parallelism
         self._parallelism = parallelism
         self._index = index
+        # Called with no arguments as each record starts, inside its context (incremental TTL
+        # cleanup with run_cleanup_for_every_record registers here).
+        self.record_hooks: list[Callable[[], None]] = []
         self.run = self._run  # one bound method, not one per record
 
     def prepare(self, record: Any) -> RecordContext:
@@ -78,6 +81,9 @@ class RecordRunner:
     def _run(self, ctx: RecordContext) -> None:
         # Runs inside the record's contextvars context with a reference held on ctx.
         try:
+            if self.record_hooks:
+                for hook in self.record_hooks:
+                    hook()
             result = self._process_element(ctx.record, ctx)
         except BaseException as exc:
             # Any exception of a plain function (or a callback it ran), CancelledError
