@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import rocksdict
 
@@ -41,7 +40,7 @@ from asyncstate.log import get_logger
 from asyncstate.state.ttl.layout import MAX_TIMESTAMP, expiration
 from asyncstate.state.ttl.tracker import CleanupPass, TtlTracker
 
-__all__ = ["SLICE_ENTRIES", "BackgroundCleaner", "Slice"]
+__all__ = ["SLICE_ENTRIES", "BackgroundCleaner", "Slice", "scan"]
 
 log = get_logger("asyncstate.backends.rocksdb")
 
@@ -144,20 +143,28 @@ class BackgroundCleaner:
                  if tracker.background_every > 0 and name in self._handles]
         for offset in range(len(names)):
             name = names[(self._turn + offset) % len(names)]
-            tracker = self._trackers[name]
-            position = self._positions.get(name)
-            if position is None:
-                position = self._positions[name] = _Position()
-            if position.pass_ is None:
-                if not tracker.due(tracker.now()):
-                    continue
-                position.pass_ = tracker.start_pass()
-                position.after = None
+            piece = self.next_slice(name)
+            if piece is None:
+                continue
             self._turn = (self._turn + offset + 1) % len(names)
-            lower = b"" if position.after is None else position.after + b"\x00"
-            self._start(Slice(name, self._handles[name], tracker, lower))
+            self._start(piece)
             return
         self._wake()
+
+    def next_slice(self, name: str) -> Slice | None:
+        """The next slice of state `name` to scan (a pass begins if none is under way), or
+        None when nothing in it can have expired."""
+        tracker = self._trackers[name]
+        position = self._positions.get(name)
+        if position is None:
+            position = self._positions[name] = _Position()
+        if position.pass_ is None:
+            if not tracker.due(tracker.now()):
+                return None
+            position.pass_ = tracker.start_pass()
+            position.after = None
+        lower = b"" if position.after is None else position.after + b"\x00"
+        return Slice(name, self._handles[name], tracker, lower)
 
     def _start(self, piece: Slice) -> None:
         if self._pool is None:
@@ -177,8 +184,12 @@ class BackgroundCleaner:
             self._loop.call_soon_threadsafe(self._scanned, piece)
 
     def _scanned(self, piece: Slice) -> None:
-        if self._closed:
-            return
+        if not self._closed:
+            self.submit(piece)
+
+    def submit(self, piece: Slice) -> None:
+        """Step 2 for a scanned slice (loop thread): queue the removal of its candidates in
+        the lane, or move on when there are none."""
         if piece.error is not None:
             # Left for the next kick; a broken database fails the batches anyway.
             log.warning("rocksdb.ttl_cleaner_failed", state=piece.name, error=repr(piece.error))
@@ -261,8 +272,3 @@ class BackgroundCleaner:
             self._pool.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._wake)
-
-    def positions(self) -> dict[str, Any]:
-        """Where each state stands (for repr and tests): the key after which the next slice
-        starts, or None."""
-        return {name: p.after for name, p in self._positions.items()}
