@@ -21,8 +21,8 @@ or without batches. Unlike a compaction filter, which drops entries while RocksD
 files anyway, the cleaner reads what it checks and writes a delete for each removal (the
 space is reclaimed by the next compaction).
 
-compiled: interpreted module. It runs once per slice, and its thread hands results to the
-loop with `call_soon_threadsafe`.
+It runs once per slice (not per request), and its thread hands results to the loop with
+`call_soon_threadsafe`.
 """
 
 from __future__ import annotations

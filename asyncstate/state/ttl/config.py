@@ -1,7 +1,6 @@
 """`StateTtlConfig`: how the entries of a state expire, built with `StateTtlConfig.new_builder`.
 
-compiled: interpreted module. Users call the builder with their own arguments, which are
-checked here so that both builds raise the same errors.
+Every argument users pass is checked here (`ConfigError` naming the option).
 """
 
 from __future__ import annotations

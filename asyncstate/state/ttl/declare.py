@@ -1,7 +1,7 @@
 """Declaring a state on an operator when TTL may be involved: which class serves it, what
 happens to entries stored with or without timestamps, and which cleanup runs.
 
-compiled: interpreted module. It runs once per declared state, in `open()`.
+It runs once per declared state, in `open()`.
 
 The stored layout of a state (timestamped or not, and the time domain of its timestamps) is
 recorded by the backend and by every checkpoint. When a declaration disagrees with it:

@@ -209,8 +209,7 @@ class TtlSupport:
             now = access = self._now()
         if refresh:
             self._wrote(access)
-        if self._incremental and now >= self.tracker.bound:
-            self.cleaner.ttl_cleanup_step(self.name, self._incremental, now)
+        self._accessed(now)
         return TtlRead(policy, now, access, arg)
 
     def read(self, ctx: RecordContext, arg: Any) -> TtlRead:
@@ -235,8 +234,7 @@ class TtlSupport:
         else:
             now = access = self._now()
         self._wrote(access)
-        if self._incremental and now >= self.tracker.bound:
-            self.cleaner.ttl_cleanup_step(self.name, self._incremental, now)
+        self._accessed(now)
         return access
 
     def stamp(self, ctx: RecordContext, stored: Any) -> TtlValue:
