@@ -42,7 +42,7 @@ from asyncstate.serde import (
     from_stored,
     key_group_of_bytes,
 )
-from asyncstate.state.ttl.layout import TtlRead
+from asyncstate.state.ttl.layout import TtlRead, TtlValue
 from asyncstate.state.ttl.tracker import TtlTracker
 
 __all__ = ["HeapBackend"]
@@ -398,6 +398,17 @@ class HeapBackend:
     def _value_update(table: Table, key: bytes, ns: bytes, payload: Any) -> None:
         if payload is None:
             table.pop(key if ns == NONE_BYTES else (key, ns), None)
+        elif type(payload) is TtlValue:
+            # A TTL state's write updates the entry it replaces in place: the stored entry
+            # lives as long as its key, and freeing it instead would unlink it from the
+            # cyclic GC's list, whose neighbours are other keys' entries (cache misses).
+            k = key if ns == NONE_BYTES else (key, ns)
+            entry = table.get(k)
+            if type(entry) is TtlValue:
+                entry.ts = payload.ts
+                entry.stored = payload.stored
+            else:
+                table[k] = payload
         else:
             table[key if ns == NONE_BYTES else (key, ns)] = payload
 

@@ -434,6 +434,8 @@ class RocksDBBackend:
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self._cleaner is not None:
             self._cleaner.close()
+        with contextlib.suppress(Exception):  # best effort: a refresh only lengthens a life
+            self._flush_refreshes()
         if self._lane and self._binding is not None:
             # Batches under way will never finish: fail them, on the loop thread (close()
             # may run on another one), so that nothing waits for them.
@@ -640,6 +642,17 @@ class RocksDBBackend:
     def _write_maintenance(self, wb: rocksdict.WriteBatch) -> None:
         self._live_db().write(wb, self._write_options)
 
+    def _flush_refreshes(self) -> None:
+        """Write the deferred refreshes of TTL reads (before anything reads the column
+        families directly)."""
+        if self._ttl.deferred:
+            wb = self._ttl.flush()
+            if wb is not None:
+                try:  # no local for the database (see _release)
+                    self._live_db().write(wb, self._write_options)
+                except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+                    raise _translate_error(exc, self._path) from None
+
     def _apply(self, job: _Job) -> list[Any]:
         if job.error is not None:
             raise job.error
@@ -664,11 +677,14 @@ class RocksDBBackend:
         # No local for the database: a failure's traceback keeps this frame, and a live
         # database object keeps RocksDB's LOCK after close().
         write_options = self._write_options
-        if points is not None:
+        if points is not None or self._ttl.deferred:
             # What they change goes before the batch's writes, which come after them.
-            effects = apply_points(points, results)
-            if effects is not None:
-                self._live_db().write(effects, write_options)
+            effects = self._ttl.effects()
+            if points is not None:
+                apply_points(points, results, effects)
+            self._ttl.settle(job, effects)
+            if effects.wb is not None:
+                self._live_db().write(effects.wb, write_options)
         for step in job.steps:
             if type(step) is tuple:
                 index, cursor = step
@@ -731,6 +747,7 @@ class RocksDBBackend:
         `close()` always releases the directory."""
         self._live_db()
         self._check_usable()
+        self._flush_refreshes()
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         loaded = []
@@ -749,6 +766,7 @@ class RocksDBBackend:
         does. The states must be registered first: an unknown state raises KeyError. List
         elements get fresh sequence numbers."""
         self._live_db()
+        self._flush_refreshes()  # else a deferred refresh could bring a replaced entry back
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         handles = self._handles
@@ -833,6 +851,7 @@ class RocksDBBackend:
         if not self._families and self._list_seq == 0 and self._scan(
                 _scan_is_empty, self._live_db(), _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
             return dropped
+        self._ttl.drop()  # their states are dropped
         self._drop_handles()  # handles handed out before no longer reach the dropped families
         for name in list(self._ttl.trackers):
             self._track_ttl(name, None)
@@ -912,6 +931,7 @@ class RocksDBBackend:
         if handle is None:
             raise KeyError(f"state {name!r} is not registered in RocksDBBackend {self._path!r}")
         key = _TTL_PREFIX + name.encode()
+        self._flush_refreshes()
         try:  # no local for the database (see _release)
             if (self._ttl.layouts.get(name) is None) != (domain is None) \
                     and self.has_entries(name):

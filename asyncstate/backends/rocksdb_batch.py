@@ -92,9 +92,11 @@ _CATEGORY: Final = [_CATEGORY_OF.get(t, _CAT_NONE) for t in StateRequestType]
 
 class _StateHandle:
     """What `register_state` returns: a state's column family. `close()` drops the
-    references, because a live column family keeps RocksDB's LOCK."""
+    references, because a live column family keeps RocksDB's LOCK. `refreshes`: the
+    refreshes of TTL reads not written yet, key to the bytes it holds now (None: none;
+    `asyncstate.backends.rocksdb_ttl`)."""
 
-    __slots__ = ("name", "kind", "cf", "cf_handle")
+    __slots__ = ("name", "kind", "cf", "cf_handle", "refreshes")
 
     def __init__(self, name: str, kind: StateKind, cf: rocksdict.Rdict,
                  cf_handle: rocksdict.ColumnFamily) -> None:
@@ -102,6 +104,7 @@ class _StateHandle:
         self.kind = kind
         self.cf: rocksdict.Rdict | None = cf  # reads: multi-get, iteration
         self.cf_handle: rocksdict.ColumnFamily | None = cf_handle  # WriteBatch target
+        self.refreshes: dict[bytes, bytes] | None = None
 
     def __repr__(self) -> str:
         status = "open" if self.cf is not None else "closed"

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import rocksdict
 
 from asyncstate.backends.rocksdb_batch import _StateHandle
-from asyncstate.backends.rocksdb_ttl import _scan, _timestamp
+from asyncstate.backends.rocksdb_ttl import _current, _forget, _scan, _timestamp
 from asyncstate.log import get_logger
 from asyncstate.state.ttl.layout import MAX_TIMESTAMP, expiration
 from asyncstate.state.ttl.tracker import CleanupPass, TtlTracker
@@ -212,11 +212,13 @@ class BackgroundCleaner:
             raws: list[bytes | None] = handle.cf.get(keys)  # type: ignore[arg-type,assignment]
             ttl = piece.tracker.ttl_ms
             wb: rocksdict.WriteBatch | None = None
-            for (key, now), raw in zip(piece.candidates, raws, strict=True):
+            for (key, now), stored in zip(piece.candidates, raws, strict=True):
+                raw = _current(handle, key, stored)  # a deferred refresh counts
                 if raw is not None and expiration(_timestamp(raw, piece.name), ttl) <= now:
                     if wb is None:
                         wb = rocksdict.WriteBatch(raw_mode=True)
                     wb.delete(key, handle.cf_handle)
+                    _forget(handle, key)
             if wb is not None:
                 self._write(wb)
         except BaseException:

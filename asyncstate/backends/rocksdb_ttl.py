@@ -10,6 +10,14 @@ an expired entry it found) goes into a WriteBatch written at the read's place in
   in issue order (a second read of the same key sees what the first one changed);
 - iterations, `is_empty` and late point reads (`load`): at their own step.
 
+A refresh found by a point read is not written at once but kept as a *deferred refresh* on
+the state's handle for a few jobs (`_GENERATIONS`): a record that reads and then writes a key
+(a counter) writes it again in a later batch, and that write makes the refresh pointless.
+Every read of a TTL state in phase 3 looks at the deferred refreshes first (`_current`), a
+job's own writes drop the refreshes they overwrite (`RocksTtl.settle`), and the rest are
+written when they grow old, before the job's own writes; everything else that reads the
+column family (snapshots, layout changes, closing) writes them all first (`flush`).
+
 Incremental cleanup runs as a job of the backend's own in the lane (`RocksTtl.run_steps`),
 so it is ordered with the batches around it; its cursor is a remembered key, and every scan
 is a bounded one (`asyncstate.backends.rocksdb_scan`): no iterator outlives a step.
@@ -23,10 +31,10 @@ from typing import Any, Final
 
 import rocksdict
 
-from asyncstate.backends.rocksdb_batch import _Cursor, _StateHandle, _TtlPoint
+from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _StateHandle, _TtlPoint
 from asyncstate.backends.rocksdb_scan import _scan_items
 from asyncstate.errors import BackendError, InvalidStateError
-from asyncstate.runtime.requests import IteratorChunk, StateRequestType
+from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequestType
 from asyncstate.serde import decode_key, decode_value
 from asyncstate.state.ttl.layout import (
     EXPIRED_HIDDEN,
@@ -55,6 +63,10 @@ _ALL_UPPER: Final = b"\xff\xff\xff"
 # Entries scanned per slice by `is_empty` and layout changes.
 _SLICE: Final = 1000
 _MIGRATE_SLICE: Final = 10_000
+# Jobs a deferred refresh waits for a write that overwrites it: the job that read it is
+# still under way in the lane with the next one or two (one per I/O slot), and the record's
+# write comes in a batch triggered after its read was delivered.
+_GENERATIONS: Final = 4
 
 
 def _timestamp(raw: bytes, name: str) -> int:
@@ -64,33 +76,62 @@ def _timestamp(raw: bytes, name: str) -> int:
         raise BackendError(f"a stored value of TTL state {name!r} is damaged: {exc}") from None
 
 
+def _current(handle: _StateHandle, key: bytes, raw: bytes | None) -> bytes | None:
+    """What `key` holds: its deferred refresh, if it has one, else `raw` (what is stored)."""
+    refreshes = handle.refreshes
+    if refreshes is not None:
+        refreshed = refreshes.get(key)
+        if refreshed is not None:
+            return refreshed
+    return raw
+
+
+def _forget(handle: _StateHandle, key: bytes) -> None:
+    """Drop the deferred refresh of `key`, if any (it is overwritten or removed)."""
+    refreshes = handle.refreshes
+    if refreshes is not None:
+        refreshes.pop(key, None)
+
+
 class _Effects:
-    """What reads of TTL states change, as one WriteBatch (made on first use), and the bytes
-    each changed key holds afterwards (None: removed)."""
+    """What reads of TTL states change: one WriteBatch (made on first use), the bytes each
+    changed key holds afterwards (None: removed), and, with `young` (the backend's list of
+    this job's deferred refreshes), refreshes kept back instead of written."""
 
-    __slots__ = ("latest", "wb")
+    __slots__ = ("latest", "wb", "young")
 
-    def __init__(self) -> None:
+    def __init__(self, young: list[tuple[_StateHandle, bytes, bytes]] | None = None) -> None:
         self.wb: rocksdict.WriteBatch | None = None
         self.latest: dict[bytes, bytes | None] = {}
+        self.young = young
 
-    def put(self, key: bytes, value: bytes, cf_handle: Any) -> None:
-        if self.wb is None:
-            self.wb = rocksdict.WriteBatch(raw_mode=True)
-        self.wb.put(key, value, cf_handle)
+    def put(self, key: bytes, value: bytes, handle: _StateHandle) -> None:
         self.latest[key] = value
-
-    def delete(self, key: bytes, cf_handle: Any) -> None:
+        young = self.young
+        if young is not None:
+            refreshes = handle.refreshes
+            if refreshes is None:
+                refreshes = handle.refreshes = {}
+            refreshes[key] = value
+            young.append((handle, key, value))
+            return
+        _forget(handle, key)  # this write is newer than a deferred refresh of the key
         if self.wb is None:
             self.wb = rocksdict.WriteBatch(raw_mode=True)
-        self.wb.delete(key, cf_handle)
+        self.wb.put(key, value, handle.cf_handle)
+
+    def delete(self, key: bytes, handle: _StateHandle) -> None:
         self.latest[key] = None
+        _forget(handle, key)
+        if self.wb is None:
+            self.wb = rocksdict.WriteBatch(raw_mode=True)
+        self.wb.delete(key, handle.cf_handle)
 
 
 def _point(read: TtlRead, raw: bytes | None, key: bytes, handle: _StateHandle,
            effects: _Effects | None) -> int:
-    """What `read` finds in the stored bytes `raw` of `key` (_ABSENT when there are none),
-    noting its refresh or removal in `effects` (None: look only)."""
+    """What `read` finds in the bytes `raw` of `key` (_ABSENT when there are none), noting
+    its refresh or removal in `effects` (None: look only)."""
     if raw is None:
         return _ABSENT
     ts = _timestamp(raw, handle.name)
@@ -100,9 +141,9 @@ def _point(read: TtlRead, raw: bytes | None, key: bytes, handle: _StateHandle,
     policy = read.policy
     if found == _FRESH:
         if policy.update_on_read and read.access != ts:
-            effects.put(key, encode(read.access, raw[_HEADER_SIZE:]), handle.cf_handle)
+            effects.put(key, encode(read.access, raw[_HEADER_SIZE:]), handle)
     elif policy.cleanup_on_read:
-        effects.delete(key, handle.cf_handle)
+        effects.delete(key, handle)
     return found
 
 
@@ -113,17 +154,15 @@ def _answer(found: int, raw: bytes | None, contains: bool) -> Any:
     return decode_value(raw[_HEADER_SIZE:]) if visible and raw is not None else None
 
 
-def apply_points(points: list[_TtlPoint], results: list[Any]) -> rocksdict.WriteBatch | None:
-    """Answer the TTL point reads of a job from their multi-get bytes, in issue order; the
-    WriteBatch of what they change (to write before the job's own writes), if anything."""
-    effects = _Effects()
+def apply_points(points: list[_TtlPoint], results: list[Any], effects: _Effects) -> None:
+    """Answer the TTL point reads of a job from their multi-get bytes, in issue order, noting
+    what they change in `effects` (written before the job's own writes)."""
     latest = effects.latest
     for p in points:
         key = p.key
-        raw = latest.get(key, p.raw)
+        raw = latest[key] if key in latest else _current(p.handle, key, p.raw)
         found = _point(p.read, raw, key, p.handle, effects)
         results[p.index] = _answer(found, raw, p.contains)
-    return effects.wb
 
 
 def _scan(handle: _StateHandle, lower: bytes, upper: bytes, limit: int
@@ -137,7 +176,7 @@ def _get(handle: _StateHandle, key: bytes) -> bytes | None:
     if handle.cf is None:
         raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
     raw: bytes | None = handle.cf.get(key)
-    return raw
+    return _current(handle, key, raw)
 
 
 def load(cursor: _Cursor, chunk: int, effects: _Effects) -> Any:
@@ -161,7 +200,9 @@ def load(cursor: _Cursor, chunk: int, effects: _Effects) -> Any:
     last: bytes | None = None
     while True:
         entries = _scan(handle, lower, cursor.upper, chunk + 1)
-        for k, v in entries:
+        for k, stored in entries:
+            v = stored if not handle.refreshes else _current(handle, k, stored)
+            assert v is not None
             # One more entry a read returns (looked at, not changed): the next chunk starts
             # after the last one taken.
             if len(items) == chunk and _point(read, v, k, handle, None) != _HIDDEN:
@@ -189,7 +230,8 @@ def _is_empty(cursor: _Cursor, read: TtlRead, effects: _Effects) -> bool:
     while True:
         entries = _scan(cursor.handle, lower, cursor.upper, _SLICE)
         for k, v in entries:
-            if _point(read, v, k, cursor.handle, effects) != _HIDDEN:
+            if _point(read, _current(cursor.handle, k, v), k, cursor.handle,
+                      effects) != _HIDDEN:
                 return False
         if len(entries) < _SLICE:
             return True
@@ -213,12 +255,14 @@ class RocksTtl:
     """Which states of a RocksDB backend are timestamped (and in which time domain), their
     trackers, incremental cleanup cursors and the steps waiting for their job in the lane."""
 
-    __slots__ = ("cursors", "layouts", "pending", "trackers")
+    __slots__ = ("ages", "cursors", "layouts", "pending", "trackers")
 
     def __init__(self) -> None:
         self.layouts: dict[str, str] = {}
         self.trackers: dict[str, TtlTracker] = {}
         self.cursors: dict[str, _StepCursor] = {}
+        # The deferred refreshes each of the last jobs made, youngest first.
+        self.ages: list[list[tuple[_StateHandle, bytes, bytes]]] = []
         # name -> [budget, now] of the steps the queued cleanup job will run (empty: no job
         # queued). Steps coalesce: budgets add up, and the earliest "now" is kept.
         self.pending: dict[str, list[int]] = {}
@@ -266,6 +310,65 @@ class RocksTtl:
             wb = _step(handle, tracker, cursor, budget, now, wb)
         return wb
 
+    @property
+    def deferred(self) -> bool:
+        """True while some refresh is deferred."""
+        return bool(self.ages)
+
+    def effects(self) -> _Effects:
+        """The effects of a job's point reads, refreshes deferred."""
+        young: list[tuple[_StateHandle, bytes, bytes]] = []
+        self.ages.insert(0, young)
+        return _Effects(young)
+
+    def settle(self, job: _Job, effects: _Effects) -> None:
+        """Before a job's own writes: drop the deferred refreshes its writes overwrite, put
+        those of keys it rewrites by range (a list or map it clears or replaces) and those
+        that grew old into `effects`."""
+        touched_all = job.touched
+        for handle, touched in touched_all.items():
+            if handle.refreshes is None:
+                continue
+            for key in touched.values:  # value kinds: puts and deletes of these keys
+                _forget(handle, key)
+            for prefix, overlay in touched.maps.items():
+                if overlay.cleared:
+                    _flush_prefix(handle, prefix, effects)
+                for user_key in overlay.entries:
+                    _forget(handle, prefix + user_key)
+            if handle.kind is StateKind.LIST:
+                for prefix, segment in touched.written.items():
+                    if segment >= 0:
+                        _flush_prefix(handle, prefix, effects)
+        ages = self.ages
+        while len(ages) > _GENERATIONS or (ages and not ages[-1]):
+            for handle, key, value in ages.pop():
+                refreshes = handle.refreshes
+                # Written unless overwritten, removed or refreshed again since.
+                if refreshes is not None and refreshes.get(key) is value:
+                    del refreshes[key]
+                    _write(effects, key, value, handle)
+
+    def flush(self) -> rocksdict.WriteBatch | None:
+        """Every deferred refresh, as a WriteBatch (None: there are none); they are no longer
+        deferred."""
+        effects = _Effects()
+        for age in reversed(self.ages):
+            for handle, key, value in age:
+                refreshes = handle.refreshes
+                if refreshes is not None and refreshes.get(key) is value:
+                    del refreshes[key]
+                    _write(effects, key, value, handle)
+        self.ages = []
+        return effects.wb
+
+    def drop(self) -> None:
+        """Forget every deferred refresh (their states are dropped)."""
+        for age in self.ages:
+            for handle, _key, _value in age:
+                handle.refreshes = None
+        self.ages = []
+
     def filter_snapshot(self, name: str, items: list[tuple[bytes, bytes]]
                         ) -> list[tuple[bytes, bytes]]:
         """`items` of state `name` without the expired ones, when its tracker asks for full
@@ -276,6 +379,21 @@ class RocksTtl:
         now = tracker.now()
         ttl = tracker.ttl_ms
         return [(k, v) for k, v in items if expiration(_timestamp(v, name), ttl) > now]
+
+
+def _write(effects: _Effects, key: bytes, value: bytes, handle: _StateHandle) -> None:
+    if effects.wb is None:
+        effects.wb = rocksdict.WriteBatch(raw_mode=True)
+    effects.wb.put(key, value, handle.cf_handle)
+
+
+def _flush_prefix(handle: _StateHandle, prefix: bytes, effects: _Effects) -> None:
+    """Put the deferred refreshes of keys under `prefix` into `effects` (the job then
+    rewrites that range, after them)."""
+    refreshes = handle.refreshes
+    if refreshes:
+        for key in [k for k in refreshes if k.startswith(prefix)]:
+            _write(effects, key, refreshes.pop(key), handle)
 
 
 def _step(handle: _StateHandle, tracker: TtlTracker, cursor: _StepCursor, budget: int,
@@ -289,12 +407,15 @@ def _step(handle: _StateHandle, tracker: TtlTracker, cursor: _StepCursor, budget
     lower = _ALL_LOWER if cursor.after is None else cursor.after + b"\x00"
     entries = _scan(handle, lower, _ALL_UPPER, budget)
     ttl = tracker.ttl_ms
-    for k, v in entries:
+    for k, stored in entries:
+        v = _current(handle, k, stored)
+        assert v is not None
         exp = expiration(_timestamp(v, handle.name), ttl)
         if exp <= now:
             if wb is None:
                 wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete(k, handle.cf_handle)
+            _forget(handle, k)
         else:
             p.keep(exp)
     if len(entries) < budget:
