@@ -571,3 +571,16 @@ async def test_refreshes_kept_back_on_rocksdb_are_written_or_overwritten_in_orde
     out, _ = await run(fn, ast.RocksDBBackend(directory),
                        [At(280, read, key="kept"), At(290, read, key="removed")], start=280)
     assert out == [("x", 1), (None, None)]
+
+
+@pytest.mark.parametrize("ts", [0, 1, 2**40, 2**62 - 1, 2**62, 2**63 - 1, -1, -(2**63)])
+def test_timestamped_bytes_carry_any_int64_timestamp_and_are_one_msgpack_value(ts):
+    from asyncstate.serde import decode_value
+    from asyncstate.state.ttl.layout import HEADER_SIZE, encode, timestamp_of
+
+    data = encode(ts, b"\xa1x")
+    assert timestamp_of(data) == ts
+    assert data[HEADER_SIZE:] == b"\xa1x"
+    assert decode_value(data) == [ts, "x"]  # checkpoints read it as the pair
+    with pytest.raises(ValueError, match=r"^stored bytes b'\\x92\\x05x' are not a "):
+        timestamp_of(b"\x92\x05x")
