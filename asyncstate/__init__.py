@@ -58,6 +58,10 @@ from asyncstate.state.map import MapState as MapState
 from asyncstate.state.merging import AggregatingState as AggregatingState
 from asyncstate.state.merging import ReducingState as ReducingState
 from asyncstate.state.operator_state import OperatorListState as OperatorListState
+from asyncstate.state.ttl.config import StateTtlConfig as StateTtlConfig
+from asyncstate.state.ttl.config import StateVisibility as StateVisibility
+from asyncstate.state.ttl.config import TtlTimeCharacteristic as TtlTimeCharacteristic
+from asyncstate.state.ttl.config import UpdateType as UpdateType
 from asyncstate.state.value import ValueState as ValueState
 
 if _TYPE_CHECKING:
@@ -116,7 +120,11 @@ __all__ = [
     "StateFuture",
     "StateIterator",
     "StateRequestType",
+    "StateTtlConfig",
+    "StateVisibility",
     "TimeDomain",
+    "TtlTimeCharacteristic",
+    "UpdateType",
     "ValueState",
     "ValueStateDescriptor",
     "assign_to_key_group",

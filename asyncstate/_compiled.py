@@ -44,16 +44,18 @@ PURE_PYTHON_ENV = "ASYNCSTATE_PURE_PYTHON"
 STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the compiled source}
 
 # The per-record path: futures, contexts, the controller and its parts, the coroutine
-# driver, the states (they share one compiled base class), key and value encoding (key
-# groups included), the heap and RocksDB backends, the operator parts that admit and start
-# records, and the timer queues (their classes inherit from each other natively, so all of
-# them or none). `runtime/stepping.py`, `packed.py` and `operator/arguments.py` stay
-# interpreted on purpose (see their docstrings).
+# driver, the states (they share one compiled base class) and their TTL layer, key and value
+# encoding (key groups included), the heap and RocksDB backends (their TTL reads included),
+# the operator parts that admit and start records, and the timer queues (their classes
+# inherit from each other natively, so all of them or none). `runtime/stepping.py`,
+# `packed.py` and `operator/arguments.py` stay interpreted on purpose (see their docstrings).
 COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.backends.heap",
+    "asyncstate.backends.heap_ttl",
     "asyncstate.backends.rocksdb",
     "asyncstate.backends.rocksdb_batch",
     "asyncstate.backends.rocksdb_layout",
+    "asyncstate.backends.rocksdb_ttl",
     "asyncstate.operator.admission",
     "asyncstate.operator.inbox",
     "asyncstate.operator.keyed",
@@ -72,6 +74,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.state.list",
     "asyncstate.state.map",
     "asyncstate.state.merging",
+    "asyncstate.state.ttl.layout",
+    "asyncstate.state.ttl.states",
+    "asyncstate.state.ttl.tracker",
     "asyncstate.state.value",
     "asyncstate.timers.base",
     "asyncstate.timers.batch",

@@ -27,6 +27,7 @@ from asyncstate.state.list import ListState
 from asyncstate.state.map import MapState
 from asyncstate.state.merging import AggregatingState, ReducingState
 from asyncstate.state.operator_state import OperatorListState, RedistributionMode
+from asyncstate.state.ttl.declare import TtlOperator, bind_layout
 from asyncstate.state.value import ValueState
 
 if TYPE_CHECKING:
@@ -87,13 +88,19 @@ _STATE_CLASSES: dict[StateKind, type[InternalState]] = {
 
 
 class RuntimeContext:
-    """What `open()` receives: declares keyed states bound to this operator."""
+    """What `open()` receives: declares keyed states bound to this operator.
+
+    `operator` is the operator running the function: TTL states read its clock or watermark
+    (see `asyncstate.state.ttl.declare.TtlOperator`); without one, TTL states are refused.
+    """
 
     def __init__(self, controller: AsyncExecutionController, backend: Any, *,
                  parallelism: int = 1, operator_index: int = 0,
-                 restored: RestoredExtras | None = None) -> None:
+                 restored: RestoredExtras | None = None,
+                 operator: TtlOperator | None = None) -> None:
         self._controller = controller
         self._backend = backend
+        self._operator = operator
         self._states: dict[str, InternalState] = {}
         self._parallelism = parallelism
         self._operator_index = operator_index
@@ -114,10 +121,6 @@ class RuntimeContext:
                     f"state {descriptor.name!r} is already declared as {existing.kind.value} "
                     f"state, cannot declare it again as {descriptor.kind.value} state")
             return existing
-        if descriptor.ttl_config is not None:
-            raise NotImplementedError(
-                f"state {descriptor.name!r} has a TTL config, but state TTL is not available "
-                "in this version of asyncstate")
         restored = self._restored_from
         if restored is not None:
             kind = restored.states.get(descriptor.name, descriptor.kind.value)
@@ -128,7 +131,12 @@ class RuntimeContext:
                     "its kind for the life of the job (declare another name for the new kind)",
                     path=restored.path)
         handle = self._backend.register_state(descriptor.name, descriptor.kind)
-        state = _STATE_CLASSES[descriptor.kind](descriptor, self._controller, handle)
+        source = (f"checkpoint {restored.path!r}"
+                  if restored is not None and descriptor.name in restored.states
+                  else f"the {type(self._backend).__name__}")
+        state = bind_layout(descriptor, self._controller, self._backend, handle,
+                            _STATE_CLASSES[descriptor.kind], operator=self._operator,
+                            source=source)
         self._states[descriptor.name] = state
         return state
 

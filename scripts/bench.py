@@ -1757,6 +1757,130 @@ def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[st
             "environment": bench.environment(), "arms": arms_json}
 
 
+# -- ttl: keyed counter with state TTL on vs off --------------------------------------------
+
+TTL_GOAL = 1.2  # at most this much slower with TTL than without, on each backend
+# Long enough that nothing expires during a run: the arms differ only by what TTL costs.
+TTL_MS = 3_600_000
+
+
+def ttl_config() -> ast.StateTtlConfig:
+    """The TTL arms' config: refreshed on read, incremental cleanup (Flink's default size)."""
+    return (ast.StateTtlConfig.new_builder(TTL_MS)
+            .set_update_type(ast.UpdateType.ON_READ_AND_WRITE)
+            .cleanup_incrementally(5, False).build())
+
+
+class TtlCounter(CallbackCounter):
+    """CallbackCounter whose count has `ttl` (None: no TTL)."""
+
+    def __init__(self, ttl: ast.StateTtlConfig | None) -> None:
+        self.ttl = ttl
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count", ttl=self.ttl))
+
+
+@scenario("ttl", "keyed counter with state TTL on vs off, heap and RocksDB")
+def ttl(bench: Bench) -> dict[str, Any]:
+    args = bench.args
+    n_records = args.records or (200_000 if bench.quick else 1_000_000)
+    n_keys = args.keys or min(n_records, 100_000)
+    repeats = args.repeats or (1 if bench.quick else 3)
+    max_seconds = args.max_seconds or (10.0 if bench.quick else 30.0)
+    if n_records < n_keys:
+        sys.exit(f"--records ({n_records}) must be >= --keys ({n_keys})")
+    keys = overhead_keys(n_records, n_keys, seed=args.seed)
+    choose = sample_chooser(keys, n_keys, args.seed, PROBE_PRESENT, PROBE_ABSENT)
+    options = ast.RocksDBOptions(
+        write_buffer_bytes=args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES)
+    heap_config = bench.config()
+    rocksdb_config = bench.config(batch_size=ROCKSDB_BATCH_SIZE,
+                                  max_in_flight=ROCKSDB_MAX_IN_FLIGHT)
+
+    def arm(on_rocksdb: bool, with_ttl: bool) -> Callable[[float], RunResult]:
+        def run(deadline: float) -> RunResult:
+            function = TtlCounter(ttl_config() if with_ttl else None)
+            probe = _probe(function, keys, choose)
+            with tempfile.TemporaryDirectory(prefix="asyncstate-bench-ttl-") as tmp:
+                backend: Any = ast.RocksDBBackend(
+                    Path(tmp) / "db", options=options, io_parallelism=ROCKSDB_IO_PARALLELISM
+                ) if on_rocksdb else ast.HeapBackend()
+                fed, seconds, metrics, counts = bench.run_async(run_operator(
+                    bench, function, backend, keys, deadline,
+                    config=rocksdb_config if on_rocksdb else heap_config, after=probe))
+            sample = set(choose(fed))
+            ok, detail = check_counts(counts, Counter(k for k in keys[:fed] if k in sample))
+            return RunResult(fed, seconds, fed < n_records, ok, detail, metrics)
+        return run
+
+    names = {(False, False): "heap, TTL off", (False, True): "heap, TTL on",
+             (True, False): "rocksdb, TTL off", (True, True): "rocksdb, TTL on"}
+    arms = {name: arm(on_rocksdb, with_ttl) for (on_rocksdb, with_ttl), name in names.items()}
+    params = {"records": n_records, "keys": n_keys, "repeats": repeats,
+              "max_seconds_per_run": max_seconds, "seed": args.seed,
+              "function": "CallbackCounter (ValueState read-modify-write, callback style)",
+              "ttl": {"ttl_ms": TTL_MS, "update_type": "ON_READ_AND_WRITE",
+                      "cleanup": "incrementally(5, False)",
+                      "time": "processing time, the system clock"},
+              "rocksdb": {"io_parallelism": ROCKSDB_IO_PARALLELISM,
+                          "options": dataclasses.asdict(options)},
+              "config": {"heap": dataclasses.asdict(heap_config),
+                         "rocksdb": dataclasses.asdict(rocksdb_config)}}
+    bench.console.print(f"[bold]ttl[/]: keyed counter, {n_records:,} records over {n_keys:,} "
+                        f"keys, TTL {TTL_MS:,} ms refreshed on read, best of {repeats}, at "
+                        f"most {max_seconds:g} s per run")
+    bench.console.print(bench.describe_environment())
+    runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
+                              records=n_records)
+    best = {name: best_of(runs[name]) for name in arms}
+    table = Table(title=f"ttl: keyed counter, {n_records:,} records / {n_keys:,} keys "
+                        f"(best of {repeats})")
+    for column, justify in (("arm", "left"), ("records/s", "right"),
+                            ("TTL cost (off / on)", "right"), ("goal", "left"),
+                            ("result", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    arms_json: dict[str, Any] = {}
+    all_ok = True
+    for (on_rocksdb, with_ttl), name in names.items():
+        mine = best[name]
+        off = best[names[on_rocksdb, False]]
+        cost = off.rate / mine.rate if with_ttl and mine is not None and off is not None \
+            and mine.rate > 0 else None
+        wrong = [r for r in runs[name] if not r.answer_ok]
+        passed: bool | None = None
+        if name in errors:
+            result_text = "[red]ERROR (traceback below)[/]"
+        elif wrong:
+            result_text = f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]"
+        elif not with_ttl:
+            result_text = "answer ok"
+        elif cost is None:
+            result_text = "[yellow]no figure to compare with[/]"
+        else:
+            passed = cost <= TTL_GOAL
+            result_text = "[green]pass[/]" if passed else "[red]FAIL[/]"
+        if name in errors or wrong:
+            all_ok = False
+        if mine is not None and mine.bounded:
+            result_text += f" (time-bounded: {mine.records:,} rec)"
+        table.add_row(name, fmt_rate(mine.rate) if mine is not None else "-",
+                      f"{cost:.2f}x" if cost is not None else "-",
+                      f"<= {TTL_GOAL:g}x" if with_ttl else "-", result_text)
+        arms_json[name] = {
+            "best_records_per_s": mine.rate if mine is not None else None,
+            "ttl_cost": cost, "goal_ttl_cost": TTL_GOAL if with_ttl else None,
+            "goal_passed": passed, "error": errors.get(name),
+            "runs": [dataclasses.asdict(r) | {"records_per_s": r.rate} for r in runs[name]],
+        }
+    bench.console.print(table)
+    for name, tb in errors.items():
+        bench.console.print(f"[red bold]{name} crashed:[/]")
+        bench.console.print(tb, markup=False, highlight=False)
+    return {"scenario": "ttl", "ok": all_ok, "params": params,
+            "environment": bench.environment(), "arms": arms_json}
+
+
 # -- command line ---------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

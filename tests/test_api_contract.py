@@ -371,10 +371,6 @@ def test_run_failures_and_contract_errors() -> None:
 
 def test_documented_not_yet_features() -> None:
     class T(ast.KeyedProcessFunction):
-        def open(self, ctx: ast.RuntimeContext) -> None:
-            with pytest.raises(NotImplementedError):
-                ctx.get_state(ast.ValueStateDescriptor("t", ttl=object()))
-
         def process_element(self, value: Any, ctx: ast.RecordContext) -> None:
             ctx.emit(value)
 

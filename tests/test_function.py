@@ -379,30 +379,6 @@ async def test_redeclaring_a_state_with_the_same_kind_returns_the_same_state():
     assert states == {"v": v1, "l": l1}
 
 
-@pytest.mark.parametrize("declare", [
-    lambda ctx: ctx.get_state(ast.ValueStateDescriptor("ttl_state", ttl=object())),
-    lambda ctx: ctx.get_map_state(ast.MapStateDescriptor("ttl_state", ttl=object())),
-    lambda ctx: ctx.get_aggregating_state(
-        ast.AggregatingStateDescriptor("ttl_state", Sum(), ttl=object())),
-], ids=["value", "map", "aggregating"])
-async def test_state_with_ttl_is_not_implemented_and_names_the_state(declare):
-    with pytest.raises(NotImplementedError, match=r"^state 'ttl_state' has a TTL config, but "
-                                                  r"state TTL is not available in this version "
-                                                  r"of asyncstate$"):
-        await open_declaring(declare)
-
-
-async def test_state_with_ttl_from_enable_time_to_live_is_not_declared():
-    def declare(ctx):
-        descriptor = ast.ListStateDescriptor("expiring")
-        descriptor.enable_time_to_live(object())
-        with pytest.raises(NotImplementedError, match=r"^state 'expiring' has a TTL config"):
-            ctx.get_list_state(descriptor)
-        return ctx.states
-
-    assert await open_declaring(declare) == {}
-
-
 class ClearsStates(ast.KeyedProcessFunction):
     """Empties and changes the dict `RuntimeContext.states` returns, then declares again."""
 

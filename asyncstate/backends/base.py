@@ -32,6 +32,9 @@ checks once when it opens (`BackendCapabilities.of`), never by probing attribute
 - `WrappingBackend`: wraps another backend that holds the state (checkpoints go to it).
 - `TimerStoreBackend`: keeps the operator's timers in its own storage (RocksDB column
   families) instead of in memory.
+- `TtlBackend`: stores TTL states (timestamped entries, `asyncstate.state.ttl.layout`),
+  records which states are timestamped, and runs their cleanup (incremental steps, full
+  snapshot filtering); `TtlBackgroundCleaner` also cleans them up in the background.
 
 `fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial
 batches are kept back (they grow) instead of being sent early for a waiter; full batches are
@@ -58,6 +61,7 @@ from asyncstate.runtime.requests import (
 
 if TYPE_CHECKING:
     from asyncstate.keygroups import KeyGroupRange
+    from asyncstate.state.ttl.tracker import TtlTracker
 
 __all__ = [
     "BackendCapabilities",
@@ -70,6 +74,8 @@ __all__ = [
     "SnapshotBackend",
     "StateExecutor",
     "TimerStoreBackend",
+    "TtlBackend",
+    "TtlBackgroundCleaner",
     "WrappingBackend",
 ]
 
@@ -193,6 +199,43 @@ class TimerStoreBackend(Protocol):
         None when this backend keeps timers in memory. Called after any restore's discard."""
 
 
+@runtime_checkable
+class TtlBackend(Protocol):
+    """A backend that stores TTL states: their writes carry `TtlValue`s and their reads a
+    `TtlRead` (`asyncstate.state.ttl.layout`), which it executes as that module says. It
+    records which states are stored with timestamps (in checkpoints too) and cleans them up
+    as their `TtlTracker` asks. Call these on the loop thread, between requests."""
+
+    def ttl_layouts(self) -> dict[str, str]:
+        """The time domain ("processing_time" or "event_time") of the timestamps of every
+        state stored with timestamps."""
+
+    def set_ttl_layout(self, name: str, domain: str | None, stamp: int | None) -> None:
+        """Store state `name` with timestamps of `domain` from now on (None: without). Its
+        entries stored the other way are rewritten: timestamps are added (all `stamp`;
+        ValueError when `stamp` is None and there are entries) or dropped."""
+
+    def has_entries(self, name: str) -> bool:
+        """True when state `name` stores any entry."""
+
+    def track_ttl(self, name: str, tracker: TtlTracker | None) -> None:
+        """Clean state `name` up as `tracker` asks (full snapshot filtering, background
+        cleanup, the bound incremental steps keep), or, None, no longer."""
+
+    def ttl_cleanup_step(self, name: str, budget: int, now: int) -> None:
+        """Incremental cleanup: check up to `budget` entries of state `name` from where its
+        cursor stands, removing those expired at `now`, in order with the requests issued
+        before (the cursor survives batches)."""
+
+
+@runtime_checkable
+class TtlBackgroundCleaner(Protocol):
+    """A `TtlBackend` that also removes expired entries in the background (RocksDB)."""
+
+    async def wait_ttl_cleaner_idle(self) -> None:
+        """Wait until the background cleaner has nothing to do (for tests and shutdown)."""
+
+
 _SNAPSHOT_METHODS = ("registered_states", "register_state", "snapshot_key_group",
                      "restore_key_group")
 _MAX_WRAPPERS = 16
@@ -206,7 +249,8 @@ class BackendCapabilities:
     time, else None. `store`: the backend holding the state for checkpoints (the backend
     itself, or the one a `WrappingBackend` wraps), None when it is no `SnapshotBackend`
     (`missing` then names the methods it lacks). `grouped`, `restorable` and `timers`: the
-    backend holding the state as those Protocols, or None.
+    backend holding the state as those Protocols, or None. `ttl` and `ttl_cleaner`: `store`
+    as `TtlBackend` and `TtlBackgroundCleaner`, or None.
     """
 
     backend: StateExecutor
@@ -216,6 +260,8 @@ class BackendCapabilities:
     restorable: RestorableBackend | None
     timers: TimerStoreBackend | None
     missing: tuple[str, ...]
+    ttl: TtlBackend | None = None
+    ttl_cleaner: TtlBackgroundCleaner | None = None
 
     @classmethod
     def of(cls, backend: StateExecutor) -> BackendCapabilities:
@@ -229,9 +275,12 @@ class BackendCapabilities:
             held = held.checkpoint_backend
         timers = held if isinstance(held, TimerStoreBackend) else None
         if isinstance(held, SnapshotBackend):
+            ttl = held if isinstance(held, TtlBackend) else None
             return cls(backend, immediate, held,
                        held if isinstance(held, GroupedSnapshotBackend) else None,
-                       held if isinstance(held, RestorableBackend) else None, timers, ())
+                       held if isinstance(held, RestorableBackend) else None, timers, (),
+                       ttl, held if ttl is not None
+                       and isinstance(held, TtlBackgroundCleaner) else None)
         missing = tuple(m for m in _SNAPSHOT_METHODS if not callable(getattr(held, m, None)))
         return cls(backend, immediate, None, None, None, timers, missing)
 

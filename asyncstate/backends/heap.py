@@ -10,6 +10,18 @@ from typing import Any, Final
 import msgpack
 
 from asyncstate.backends.base import ExecutorBinding
+from asyncstate.backends.heap_ttl import (
+    LIST,
+    MAP,
+    SCALAR,
+    HeapTtl,
+    list_visible,
+    map_contains,
+    map_get,
+    map_is_empty,
+    map_visible,
+    value_get,
+)
 from asyncstate.config import check_backend_state
 from asyncstate.errors import InvalidStateError, KeyGroupError
 from asyncstate.keygroups import KeyGroupRange
@@ -30,11 +42,15 @@ from asyncstate.serde import (
     from_stored,
     key_group_of_bytes,
 )
+from asyncstate.state.ttl.layout import TtlRead, TtlValue
+from asyncstate.state.ttl.tracker import TtlTracker
 
 __all__ = ["HeapBackend"]
 
 _T = StateRequestType
 _Packed: Final = Packed  # compiled: Final alias
+_TtlRead: Final = TtlRead  # compiled: Final alias
+_SHAPES: Final = {StateKind.LIST: LIST, StateKind.MAP: MAP}
 # An entry of the default namespace is keyed by its key bytes alone; any other namespace by
 # (key bytes, namespace bytes). bytes never equal tuples, so the two cannot collide, and the
 # common case hashes and compares one bytes object instead of a tuple (faster on a large
@@ -134,6 +150,9 @@ class HeapBackend:
     I/O to amortize, it completes every request when it is issued (`execute_one`); batches
     sent to `execute_batch` (when it is wrapped by another executor) are applied in order
     and delivered inline. Iteration reads a copy taken when the iteration starts.
+
+    A TTL state's table holds `TtlValue`s instead of stored forms, and its reads carry a
+    `TtlRead` payload (`asyncstate.backends.heap_ttl`).
     """
 
     completes_at_issue = True
@@ -144,6 +163,7 @@ class HeapBackend:
         self._binding: ExecutorBinding | None = None
         self._chunk = 1000
         self._closed = False
+        self._ttl = HeapTtl()  # which states are timestamped, and their cleanup
         ops: dict[StateRequestType, Op] = {
             _T.CLEAR: self._clear,
             _T.VALUE_GET: self._value_get,
@@ -216,6 +236,20 @@ class HeapBackend:
         packb = msgpack.Packer(use_bin_type=True).pack
         for name in sorted(self._tables):
             kind = self._kinds[name]
+            if name in self._ttl.layouts:
+                def place(key_bytes: bytes, name: str = name) -> int:
+                    i = key_group_of_bytes(key_bytes, max_parallelism) - start
+                    if 0 <= i < n:
+                        return i
+                    if strict:
+                        raise KeyGroupError(
+                            f"HeapBackend holds state {name!r} of key group {i + start}, "
+                            f"outside the key groups {start}..{key_groups.end} being "
+                            "snapshotted", key_group=i + start)
+                    return -1
+                self._ttl.group(name, _SHAPES.get(kind, SCALAR), self._tables[name], place,
+                                packb, buckets)
+                continue
             encode = _ENCODE_CONTAINER.get(kind)
             for k, stored in self._tables[name].items():
                 key_bytes, ns = k if isinstance(k, tuple) else (k, NONE_BYTES)
@@ -247,7 +281,10 @@ class HeapBackend:
             if kind is None:
                 raise KeyError(f"state {name!r} is not registered in this HeapBackend")
             table = self._tables[name]
-            if kind is StateKind.LIST:
+            if name in self._ttl.layouts:
+                self._ttl.restore(name, _SHAPES.get(kind, SCALAR), table, run, _from_bytes,
+                                  _checked_user_key)
+            elif kind is StateKind.LIST:
                 for _, key_bytes, ns, data in run:
                     _replace(table, _table_key(key_bytes, ns), [_from_bytes(x) for x in data])
             elif kind is StateKind.MAP:
@@ -265,6 +302,36 @@ class HeapBackend:
                     if type(data) is bytes:
                         check_value_bytes(data)  # raises, naming the bytes, if they are bad
                     raise
+
+    # -- TtlBackend ------------------------------------------------------------------------
+
+    def ttl_layouts(self) -> dict[str, str]:
+        """The time domain of every state stored with timestamps."""
+        return dict(self._ttl.layouts)
+
+    def set_ttl_layout(self, name: str, domain: str | None, stamp: int | None) -> None:
+        """Store state `name` with timestamps of `domain` (None: without) from now on,
+        rewriting its entries stored the other way (see `TtlBackend`)."""
+        kind = self._kinds.get(name)
+        if kind is None:
+            raise KeyError(f"state {name!r} is not registered in this HeapBackend")
+        self._ttl.set_layout(name, _SHAPES.get(kind, SCALAR), self._tables[name], domain,
+                             stamp)
+
+    def has_entries(self, name: str) -> bool:
+        """True when state `name` stores any entry."""
+        return bool(self._tables.get(name))
+
+    def track_ttl(self, name: str, tracker: TtlTracker | None) -> None:
+        """Clean state `name` up as `tracker` asks (or no longer)."""
+        self._ttl.track(name, tracker)
+
+    def ttl_cleanup_step(self, name: str, budget: int, now: int) -> None:
+        """Incremental cleanup of state `name`: up to `budget` table entries from its cursor
+        on. The heap applies every request when it is issued, so the step runs now."""
+        kind = self._kinds.get(name)
+        if kind is not None:
+            self._ttl.step(name, _SHAPES.get(kind, SCALAR), self._tables[name], budget, now)
 
     # -- StateExecutor ---------------------------------------------------------------------
 
@@ -322,6 +389,8 @@ class HeapBackend:
 
     @staticmethod
     def _value_get(table: Table, key: bytes, ns: bytes, payload: Any) -> Any:
+        if payload is not None:  # a TtlRead
+            return value_get(table, key if ns == NONE_BYTES else (key, ns), payload)
         stored = table.get(key if ns == NONE_BYTES else (key, ns))
         return decode_value(stored) if type(stored) is _Packed else stored
 
@@ -329,6 +398,17 @@ class HeapBackend:
     def _value_update(table: Table, key: bytes, ns: bytes, payload: Any) -> None:
         if payload is None:
             table.pop(key if ns == NONE_BYTES else (key, ns), None)
+        elif type(payload) is TtlValue:
+            # A TTL state's write updates the entry it replaces in place: the stored entry
+            # lives as long as its key, and freeing it instead would unlink it from the
+            # cyclic GC's list, whose neighbours are other keys' entries (cache misses).
+            k = key if ns == NONE_BYTES else (key, ns)
+            entry = table.get(k)
+            if type(entry) is TtlValue:
+                entry.ts = payload.ts
+                entry.stored = payload.stored
+            else:
+                table[k] = payload
         else:
             table[key if ns == NONE_BYTES else (key, ns)] = payload
 
@@ -345,6 +425,10 @@ class HeapBackend:
         return self._chunk_of(request_type, items, offset)
 
     def _list_get(self, table: Table, key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
+        if payload is not None:  # a TtlRead: the visible elements, a fresh list
+            visible = list_visible(table, _table_key(key, ns), payload)
+            return self._chunk_of(_T.LIST_GET, visible, 0) if visible \
+                else IteratorChunk([], None)
         items = table.get(_table_key(key, ns))
         if not items:
             return IteratorChunk([], None)
@@ -380,11 +464,15 @@ class HeapBackend:
 
     @staticmethod
     def _map_get(table: Table, key: bytes, ns: bytes, payload: Any) -> Any:
+        if type(payload) is _TtlRead:
+            return map_get(table, _table_key(key, ns), payload)
         entries = table.get(_table_key(key, ns))
         return None if entries is None else from_stored(entries.get(payload))
 
     @staticmethod
     def _map_contains(table: Table, key: bytes, ns: bytes, payload: Any) -> bool:
+        if type(payload) is _TtlRead:
+            return map_contains(table, _table_key(key, ns), payload)
         entries = table.get(_table_key(key, ns))
         return entries is not None and payload in entries
 
@@ -419,20 +507,26 @@ class HeapBackend:
 
     @staticmethod
     def _map_is_empty(table: Table, key: bytes, ns: bytes, payload: Any) -> bool:
+        if payload is not None:  # a TtlRead
+            return map_is_empty(table, _table_key(key, ns), payload)
         return not table.get(_table_key(key, ns))
 
     def _map_iter(self, request_type: StateRequestType, table: Table,
-                  key: bytes, ns: bytes) -> IteratorChunk:
+                  key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
+        if payload is not None:  # a TtlRead: the visible entries, a fresh list
+            visible = map_visible(table, _table_key(key, ns), payload)
+            return self._chunk_of(request_type, visible, 0) if visible \
+                else IteratorChunk([], None)
         entries = table.get(_table_key(key, ns))
         if not entries:
             return IteratorChunk([], None)
         return self._chunk_of(request_type, list(entries.items()), 0)
 
     def _map_entries(self, table: Table, key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
-        return self._map_iter(_T.MAP_ITER, table, key, ns)
+        return self._map_iter(_T.MAP_ITER, table, key, ns, payload)
 
     def _map_keys(self, table: Table, key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
-        return self._map_iter(_T.MAP_ITER_KEY, table, key, ns)
+        return self._map_iter(_T.MAP_ITER_KEY, table, key, ns, payload)
 
     def _map_values(self, table: Table, key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
-        return self._map_iter(_T.MAP_ITER_VALUE, table, key, ns)
+        return self._map_iter(_T.MAP_ITER_VALUE, table, key, ns, payload)

@@ -19,6 +19,11 @@ A batch runs in three phases:
 
 A batch's multi-get starts at once, unless it reads a (state, key, namespace) that an
 earlier, unapplied batch writes. In that case it waits until that batch is applied.
+
+TTL states (`asyncstate.backends.rocksdb_ttl`) store timestamped values; their reads apply
+expiry, refresh and cleanup on read in phase 3. Their cleanup runs as jobs of the backend's
+own in the lane (no batch to deliver): incremental cleanup steps, and the removals of the
+background cleaner (`asyncstate.backends.rocksdb_cleaner`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import rocksdict
 
 from asyncstate.backends.base import ExecutorBinding
 from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _overlaps, _plan, _StateHandle
+from asyncstate.backends.rocksdb_cleaner import BackgroundCleaner
 from asyncstate.backends.rocksdb_layout import (
     _CF_PREFIX,
     _KIND_PREFIX,
@@ -46,6 +52,8 @@ from asyncstate.backends.rocksdb_layout import (
     _SEQ,
     _SEQ_KEY,
     _TIMER_CF_PREFIX,
+    _TTL_MIGRATING,
+    _TTL_PREFIX,
     _prefix_end,
     _snapshot_entries,
 )
@@ -65,12 +73,16 @@ from asyncstate.backends.rocksdb_options import RocksDBOptions as RocksDBOptions
 from asyncstate.backends.rocksdb_options import _check_not_forked, _note_opened
 from asyncstate.backends.rocksdb_scan import _scan_is_empty, _scan_items
 from asyncstate.backends.rocksdb_timers import TimerStore
+from asyncstate.backends.rocksdb_ttl import RocksTtl, _Effects, apply_points, rewrite_layout
+from asyncstate.backends.rocksdb_ttl import load as _load_ttl
 from asyncstate.config import MAX_MAX_PARALLELISM, check_backend_state, check_int
 from asyncstate.errors import BackendError, CheckpointError, ConfigError, InvalidStateError
 from asyncstate.keygroups import KeyGroupRange
 from asyncstate.log import get_logger
 from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequest, StateRequestType
 from asyncstate.serde import check_key_bytes, check_value_bytes, decode_key, decode_value
+from asyncstate.state.ttl.layout import check_timestamped
+from asyncstate.state.ttl.tracker import TtlTracker
 
 __all__ = [
     "DEFAULT_BLOCK_CACHE_BYTES",
@@ -208,6 +220,9 @@ class RocksDBBackend:
             raise _translate_error(exc, self._path) from None
         self._families = set(families)
         self._handles: dict[str, _StateHandle] = {}
+        self._ttl = RocksTtl()  # which states are timestamped, and their cleanup
+        self._cleaner: BackgroundCleaner | None = None  # built at open()
+        self._maintenance_error: BaseException | None = None
         try:
             self._load_metadata()
         except Exception as exc:  # noqa: BLE001 - never leave the directory locked
@@ -263,6 +278,14 @@ class RocksDBBackend:
                 self._handles[name] = _StateHandle(
                     name, kind, db.get_column_family(cf_name),
                     db.get_column_family_handle(cf_name))
+        # Unusable (below) when a change of a state's TTL layout did not complete.
+        migrating = None
+        for key, value in _scan_items(db, _TTL_PREFIX, _prefix_end(_TTL_PREFIX)):
+            name = key[len(_TTL_PREFIX):].decode()
+            if value == _TTL_MIGRATING:
+                migrating = name
+            else:
+                self._ttl.layouts[name] = value.decode()
         raw = db.get(_SEQ_KEY)
         if raw is not None and len(raw) != _SEQ.size:
             raise BackendError(
@@ -281,6 +304,12 @@ class RocksDBBackend:
         self._stored_max_p: int = stored
         # Why the stored state must not be used, if it must not (see _check_usable).
         self._unusable: str | None = None
+        if migrating is not None:
+            self._unusable = (
+                f"RocksDB directory {self._path!r} holds state {migrating!r} whose entries "
+                "were being rewritten (TTL timestamps added or dropped) when that stopped, so "
+                "some are timestamped and others not. Restore a checkpoint into it, or use "
+                "another directory")
         if db.get(_RESTORING_KEY) is not None:
             self._unusable = (
                 f"RocksDB directory {self._path!r} holds a restore that did not complete (it "
@@ -314,6 +343,9 @@ class RocksDBBackend:
         self._binding = binding
         self._chunk = binding.iterator_chunk_size
         self._kg_prefix = [kg.to_bytes(2, "big") for kg in range(binding.max_parallelism)]
+        self._cleaner = BackgroundCleaner(self._handles, self._ttl.trackers,
+                                          self._enqueue_maintenance, self._write_maintenance,
+                                          binding.loop)
         max_p = binding.max_parallelism
         stored = self._stored_max_p
         if self._unusable is None:  # else a restore must come first, which records max_p
@@ -411,6 +443,10 @@ class RocksDBBackend:
             return
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._cleaner is not None:
+            self._cleaner.close()
+        with contextlib.suppress(Exception):  # best effort: a refresh only lengthens a life
+            self._flush_refreshes()
         if self._lane and self._binding is not None:
             # Batches under way will never finish: fail them, on the loop thread (close()
             # may run on another one), so that nothing waits for them.
@@ -442,6 +478,8 @@ class RocksDBBackend:
         lane = self._lane
         while lane:
             job = lane.popleft()
+            if job.maintenance is not None:
+                continue
             deliver(job.batch, None, InvalidStateError(
                 f"RocksDBBackend {self._path!r} was closed while this batch was under way"))
 
@@ -571,12 +609,23 @@ class RocksDBBackend:
             deliver = self._binding.deliver  # type: ignore[union-attr]
             while lane and lane[0].reads_done and not self._closed:
                 job = lane.popleft()
-                try:
-                    results = self._apply(job)
-                except Exception as exc:  # noqa: BLE001 - reported through deliver
-                    deliver(job.batch, None, self._failure(exc))
+                if job.maintenance is not None:
+                    self._run_maintenance(job.maintenance)
                 else:
-                    deliver(job.batch, results, None)
+                    failed = self._maintenance_error
+                    try:
+                        if failed is not None:
+                            # A cleanup job failed: the run fails with the next batch.
+                            self._maintenance_error = None
+                            raise failed
+                        results = self._apply(job)
+                    except Exception as exc:  # noqa: BLE001 - reported through deliver
+                        deliver(job.batch, None, self._failure(exc))
+                    else:
+                        deliver(job.batch, results, None)
+                    cleaner = self._cleaner
+                    if cleaner is not None and not cleaner.busy:
+                        cleaner.kick()
                 for position, waiting in enumerate(lane):
                     if not waiting.started and not waiting.reads_done \
                             and not self._blocked(waiting, position):
@@ -584,10 +633,46 @@ class RocksDBBackend:
         finally:
             self._pumping = False
 
+    def _run_maintenance(self, run: Any) -> None:
+        """Run a cleanup job of the backend's own at its place in the lane."""
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - fails the next batch
+            log.warning("rocksdb.ttl_cleanup_failed", path=self._path, error=repr(exc))
+            if self._maintenance_error is None:
+                self._maintenance_error = exc
+
+    def _enqueue_maintenance(self, run: Any) -> None:
+        """Queue run() as a job of the backend's own; with nothing ahead of it, it runs now
+        (nothing is delivered then)."""
+        job = _Job([], self._list_seq)
+        job.maintenance = run
+        job.started = job.reads_done = True
+        idle = not self._lane
+        self._lane.append(job)
+        if idle and not self._pumping:
+            self._pump()
+
+    def _write_maintenance(self, wb: rocksdict.WriteBatch) -> None:
+        self._live_db().write(wb, self._write_options)
+
+    def _flush_refreshes(self) -> None:
+        """Write the deferred refreshes of TTL reads (before anything reads the column
+        families directly)."""
+        if self._ttl.deferred:
+            wb = self._ttl.flush()
+            if wb is not None:
+                try:  # no local for the database (see _release)
+                    self._live_db().write(wb, self._write_options)
+                except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+                    raise _translate_error(exc, self._path) from None
+
     def _apply(self, job: _Job) -> list[Any]:
         if job.error is not None:
             raise job.error
         results = job.results
+        batch_size = len(results)
+        points = job.ttl_points
         for (_handle, _keys, slots), values in zip(job.parts, job.raw, strict=True):
             n = len(slots)
             if values is None or len(values) != n:
@@ -597,13 +682,23 @@ class RocksDBBackend:
             for j in range(n):  # compiled: index loop (cheaper than zip(strict=True))
                 slot = slots[j]
                 raw = values[j]
-                if slot >= 0:
+                if slot >= batch_size:  # a TTL state's point read, answered below
+                    points[slot - batch_size].raw = raw  # type: ignore[index]
+                elif slot >= 0:
                     results[slot] = None if raw is None else decode_value(raw)
                 else:
                     results[~slot] = raw is not None
         # No local for the database: a failure's traceback keeps this frame, and a live
         # database object keeps RocksDB's LOCK after close().
         write_options = self._write_options
+        if points is not None or self._ttl.deferred:
+            # What they change goes before the batch's writes, which come after them.
+            effects = self._ttl.effects()
+            if points is not None:
+                apply_points(points, results, effects)
+            self._ttl.settle(job, effects)
+            if effects.wb is not None:
+                self._live_db().write(effects.wb, write_options)
         for step in job.steps:
             if type(step) is tuple:
                 index, cursor = step
@@ -615,6 +710,12 @@ class RocksDBBackend:
     def _load(self, cursor: _Cursor) -> Any:
         """One chunk of an iteration, or the answer of MAP_IS_EMPTY. No iterator outlives
         this call: a live iterator would keep RocksDB's LOCK after close()."""
+        if cursor.ttl is not None:
+            effects = _Effects()
+            answer = _load_ttl(cursor, self._chunk, effects)
+            if effects.wb is not None:
+                self._live_db().write(effects.wb, self._write_options)
+            return answer
         cf = cursor.handle.cf
         if cf is None:
             raise InvalidStateError(f"RocksDBBackend {self._path!r} is closed")
@@ -660,11 +761,14 @@ class RocksDBBackend:
         `close()` always releases the directory."""
         self._live_db()
         self._check_usable()
+        self._flush_refreshes()
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         loaded = []
         for name, handle in sorted(self._handles.items()):
             items = self._scan(_scan_items, handle.cf, lower, upper)
+            if items and name in self._ttl.trackers:
+                items = self._ttl.filter_snapshot(name, items)  # full snapshot cleanup
             if items:
                 loaded.append((name, handle.kind, items))
         return _snapshot_entries(loaded)
@@ -676,6 +780,7 @@ class RocksDBBackend:
         does. The states must be registered first: an unknown state raises KeyError. List
         elements get fresh sequence numbers."""
         self._live_db()
+        self._flush_refreshes()  # else a deferred refresh could bring a replaced entry back
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         handles = self._handles
@@ -698,6 +803,7 @@ class RocksDBBackend:
                 if handle is None:
                     raise KeyError(f"state {name!r} of key group {key_group} is not registered; "
                                    f"call register_state({name!r}, kind) before restoring it")
+                check = check_timestamped if name in self._ttl.layouts else check_value_bytes
                 prefix = lower + key_bytes + namespace
                 kind = handle.kind
                 if kind is StateKind.LIST or kind is StateKind.MAP:
@@ -759,13 +865,18 @@ class RocksDBBackend:
         if not self._families and self._list_seq == 0 and self._scan(
                 _scan_is_empty, self._live_db(), _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
             return dropped
+        self._ttl.drop()  # their states are dropped
         self._drop_handles()  # handles handed out before no longer reach the dropped families
+        for name in list(self._ttl.trackers):
+            self._track_ttl(name, None)
+        self._ttl.layouts.clear()
         try:  # no local for the database (see _release)
             for cf_name in sorted(self._families):
                 self._live_db().drop_column_family(cf_name)
             self._families.clear()
             wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete_range(_KIND_PREFIX, _prefix_end(_KIND_PREFIX))
+            wb.delete_range(_TTL_PREFIX, _prefix_end(_TTL_PREFIX))
             wb.delete(_SEQ_KEY)
             self._live_db().write(wb, self._write_options)
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
@@ -836,3 +947,73 @@ class RocksDBBackend:
                 self._live_db().put(_SEQ_KEY, _SEQ.pack(value), self._write_options)
             except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
                 raise _translate_error(exc, self._path) from None
+
+    # -- TtlBackend ------------------------------------------------------------------------
+
+    def ttl_layouts(self) -> dict[str, str]:
+        """The time domain of every state stored with timestamps (kept in the directory)."""
+        return dict(self._ttl.layouts)
+
+    def set_ttl_layout(self, name: str, domain: str | None, stamp: int | None) -> None:
+        """Store state `name` with timestamps of `domain` (None: without) from now on,
+        rewriting its entries stored the other way, slice by slice (see `TtlBackend`). The
+        directory refuses its state if that is interrupted."""
+        self._live_db()
+        self._check_usable()
+        handle = self._handles.get(name)
+        if handle is None:
+            raise KeyError(f"state {name!r} is not registered in RocksDBBackend {self._path!r}")
+        key = _TTL_PREFIX + name.encode()
+        self._flush_refreshes()
+        try:  # no local for the database (see _release)
+            if (self._ttl.layouts.get(name) is None) != (domain is None) \
+                    and self.has_entries(name):
+                if domain is not None and stamp is None:
+                    raise ValueError(f"state {name!r} holds entries without timestamps, and "
+                                     "no timestamp to give them was named")
+                self._live_db().put(key, _TTL_MIGRATING, self._write_options)
+                rewrite_layout(handle, stamp if domain is not None else None,
+                               self._write_maintenance)
+            if domain is None:
+                self._live_db().delete(key, self._write_options)
+                self._ttl.layouts.pop(name, None)
+            else:
+                self._live_db().put(key, domain.encode(), self._write_options)
+                self._ttl.layouts[name] = domain
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise self._failure(exc) from None
+
+    def has_entries(self, name: str) -> bool:
+        """True when state `name` stores any entry."""
+        handle = self._handles.get(name)
+        if handle is None:
+            return False
+        return not self._scan(_scan_is_empty, handle.cf, b"", b"\xff\xff\xff")
+
+    def track_ttl(self, name: str, tracker: TtlTracker | None) -> None:
+        """Clean state `name` up as `tracker` asks (or no longer): full snapshot filtering,
+        incremental steps, the background cleaner (`tracker.background_every`)."""
+        self._track_ttl(name, tracker)
+
+    def _track_ttl(self, name: str, tracker: TtlTracker | None) -> None:
+        if self._cleaner is not None:
+            self._cleaner.forget(name)
+        self._ttl.track(name, tracker)
+
+    def ttl_cleanup_step(self, name: str, budget: int, now: int) -> None:
+        """Incremental cleanup of state `name`: up to `budget` stored entries (elements and
+        map entries count one by one) from its cursor on, in a job of the backend's own in
+        the lane (steps noted before that job runs join it)."""
+        if self._ttl.add_step(name, budget, now):
+            self._enqueue_maintenance(self._run_ttl_steps)
+
+    def _run_ttl_steps(self) -> None:
+        wb = self._ttl.run_steps(self._handles)
+        if wb is not None:
+            self._write_maintenance(wb)
+
+    async def wait_ttl_cleaner_idle(self) -> None:
+        """Wait until the background cleaner of TTL states has nothing to do: every state it
+        cleans has had its passes, and nothing in them can have expired since."""
+        if self._cleaner is not None:
+            await self._cleaner.wait_idle()

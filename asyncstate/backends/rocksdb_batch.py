@@ -6,12 +6,19 @@ batch is answered from an overlay of the batch's writes; other point reads are c
 column family. An iteration of a (key, namespace) that the batch wrote earlier is placed after
 that write, so phase 3 runs it once the write is applied.
 
+A read of a TTL state (its payload a `TtlRead`) may rewrite or remove what it reads, so it
+counts as a write of its key for later batches. A point read is answered in phase 3 from the
+multi-get, before the batch's writes (`_TtlPoint`): when the batch wrote that key (or
+iterated that map with TTL) earlier, it becomes a step of its own instead, run at its place
+among the batch's writes (a "late read", a `_Cursor` of a point read type).
+
 Everything here is internal to the RocksDB backend modules.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 import rocksdict
@@ -19,6 +26,7 @@ import rocksdict
 from asyncstate.backends.rocksdb_layout import _SEQ, _SEQ_KEY, _prefix_end
 from asyncstate.runtime.requests import StateKind, StateRequest, StateRequestType
 from asyncstate.serde import NONE_BYTES, from_stored, stored_to_bytes
+from asyncstate.state.ttl.layout import TtlRead, TtlValue, to_bytes
 
 __all__: list[str] = []
 
@@ -27,6 +35,15 @@ _T: Final = StateRequestType  # compiled: Final alias
 # load (the fast path for modules), so `_SEQ.pack(seq)` would build a bound method per call.
 _pack_seq: Final = _SEQ.pack  # compiled: Final alias
 _VALUE_KINDS: Final = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
+_TtlRead: Final = TtlRead  # compiled: Final alias
+_TtlValue: Final = TtlValue  # compiled: Final alias
+
+
+def _value_bytes(stored: Any) -> bytes:
+    """The bytes a write stores: timestamped for a TTL state's `TtlValue`."""
+    if type(stored) is _TtlValue:
+        return to_bytes(stored)
+    return stored_to_bytes(stored)
 
 # Request categories, indexed by request type: the plan dispatches on one small int.
 # compiled: Final alias (the ints become C constants)
@@ -44,6 +61,7 @@ _CAT_CLEAR: Final = 10
 _CAT_ITER: Final = 11
 _CAT_LOAD: Final = 12
 _CAT_NONE: Final = 13
+_CAT_LATE: Final = 14  # a late read of a TTL state (never a request's own category)
 _CATEGORY_OF = {
     _T.CLEAR: _CAT_CLEAR,
     _T.VALUE_GET: _CAT_GET,
@@ -74,9 +92,11 @@ _CATEGORY: Final = [_CATEGORY_OF.get(t, _CAT_NONE) for t in StateRequestType]
 
 class _StateHandle:
     """What `register_state` returns: a state's column family. `close()` drops the
-    references, because a live column family keeps RocksDB's LOCK."""
+    references, because a live column family keeps RocksDB's LOCK. `refreshes`: the
+    refreshes of TTL reads not written yet, key to the bytes it holds now (None: none;
+    `asyncstate.backends.rocksdb_ttl`)."""
 
-    __slots__ = ("name", "kind", "cf", "cf_handle")
+    __slots__ = ("name", "kind", "cf", "cf_handle", "refreshes")
 
     def __init__(self, name: str, kind: StateKind, cf: rocksdict.Rdict,
                  cf_handle: rocksdict.ColumnFamily) -> None:
@@ -84,6 +104,7 @@ class _StateHandle:
         self.kind = kind
         self.cf: rocksdict.Rdict | None = cf  # reads: multi-get, iteration
         self.cf_handle: rocksdict.ColumnFamily | None = cf_handle  # WriteBatch target
+        self.refreshes: dict[bytes, bytes] | None = None
 
     def __repr__(self) -> str:
         status = "open" if self.cf is not None else "closed"
@@ -92,17 +113,20 @@ class _StateHandle:
 
 class _Cursor:
     """Where an iteration stands: a bounded range of one column family. `after` is the last
-    key returned (the next chunk starts after it), or None before the first chunk."""
+    key returned (the next chunk starts after it), or None before the first chunk. `ttl`:
+    the TtlRead of a TTL state's iteration (its later chunks read with it too). A late read
+    of a TTL state is a cursor of a point read type whose `prefix` is the key read."""
 
-    __slots__ = ("request_type", "handle", "prefix", "after", "upper")
+    __slots__ = ("request_type", "handle", "prefix", "after", "upper", "ttl")
 
     def __init__(self, request_type: StateRequestType, handle: _StateHandle, prefix: bytes,
-                 after: bytes | None, upper: bytes) -> None:
+                 after: bytes | None, upper: bytes, ttl: TtlRead | None = None) -> None:
         self.request_type = request_type
         self.handle = handle
         self.prefix = prefix
         self.after = after
         self.upper = upper
+        self.ttl = ttl
 
     def __repr__(self) -> str:
         return f"<RocksDB cursor {self.request_type.name} state={self.handle.name!r}>"
@@ -118,11 +142,27 @@ class _MapOverlay:
         self.entries: dict[bytes, Any] = {}  # user key bytes -> stored value (None: removed)
 
 
+class _TtlPoint:
+    """A point read of a TTL state answered from the multi-get: the request's index, its
+    TtlRead, the key read (with its column family) and, once read, the stored bytes."""
+
+    __slots__ = ("contains", "handle", "index", "key", "raw", "read")
+
+    def __init__(self, index: int, read: TtlRead, handle: _StateHandle, key: bytes,
+                 contains: bool) -> None:
+        self.index = index
+        self.read = read
+        self.handle = handle
+        self.key = key
+        self.contains = contains
+        self.raw: bytes | None = None
+
+
 class _Touched:
     """What one batch does to one column family. Prefixes are (key group, key, namespace)
     bytes."""
 
-    __slots__ = ("keys", "slots", "read", "written", "values", "maps")
+    __slots__ = ("keys", "slots", "read", "written", "values", "maps", "ttl_iterated")
 
     def __init__(self) -> None:
         # Point reads for the multi-get, and their result slots (~i: MAP_CONTAINS of request
@@ -132,12 +172,15 @@ class _Touched:
         # prefixes of the map entries read; only filled while an earlier batch is unapplied
         self.read: set[bytes] = set()
         # Writes of a list or map state: prefix -> WriteBatch segment of its latest write.
+        # Also the prefixes a TTL read may rewrite (of any kind: later batches wait for them).
         self.written: dict[bytes, int] = {}
         # Writes of a value-kind state: prefix -> the stored value written (None: removed),
         # also the overlay later reads of the batch are answered from.
         self.values: dict[bytes, Any] = {}
         # Overlay of a map state's writes, for later reads of the batch.
         self.maps: dict[bytes, _MapOverlay] = {}
+        # Prefixes of maps a TTL iteration of the batch may have rewritten.
+        self.ttl_iterated: set[bytes] | None = None
 
 
 class _Job:
@@ -145,7 +188,7 @@ class _Job:
 
     __slots__ = ("batch", "results", "steps", "touched", "point_reads", "writes", "parts",
                  "raw", "remaining", "lock", "error", "started", "reads_done", "list_seq",
-                 "gate")
+                 "gate", "ttl_points", "maintenance")
 
     def __init__(self, batch: list[StateRequest], list_seq: int) -> None:
         self.batch = batch
@@ -166,6 +209,10 @@ class _Job:
         self.list_seq = list_seq
         # released by the pool thread that starts the multi-get (see RocksDBBackend)
         self.gate: threading.Lock | None = None
+        # point reads of TTL states answered from the multi-get, in issue order
+        self.ttl_points: list[_TtlPoint] | None = None
+        # set on a job of the backend's own (TTL cleanup), which has no batch to deliver
+        self.maintenance: Callable[[], None] | None = None
 
 
 def _overlaps(job: _Job, earlier: _Job) -> bool:
@@ -178,6 +225,9 @@ def _overlaps(job: _Job, earlier: _Job) -> bool:
         if handle.kind in _VALUE_KINDS:
             values = other.values
             if values and any(key in values for key in touched.keys):
+                return True
+            written = other.written  # prefixes TTL reads may rewrite
+            if written and any(key in written for key in touched.keys):
                 return True
             continue
         read = touched.read
@@ -236,7 +286,15 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 found = all_touched[handle] = _Touched()
             touched = found
             last_handle = handle
+        if cat <= _CAT_MAP_CONTAINS and type(request.payload) is _TtlRead:
+            late = _plan_ttl_point(job, i, cat, handle, touched, prefix, request.payload)
+            if late is None:
+                continue
+            # Read at this place in phase 3, once the writes before it are applied.
+            cursor = late
+            cat = _CAT_LATE
         if cat <= _CAT_MAP_CONTAINS:
+            payload = request.payload
             if cat == _CAT_GET:
                 key = prefix
                 values = touched.values
@@ -244,7 +302,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                     results[i] = from_stored(values[prefix])
                     continue
             else:
-                user_key = request.payload
+                user_key = payload
                 key = prefix + user_key
                 overlay = touched.maps.get(prefix)
                 if overlay is not None and (overlay.cleared or user_key in overlay.entries):
@@ -264,8 +322,10 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 # A list iteration never reaches elements appended after it started.
                 upper = prefix + _pack_seq(job.list_seq) if t is _T.LIST_GET \
                     else _prefix_end(prefix)
-                cursor = _Cursor(t, handle, prefix, None, upper)
-            if wb is not None and touched.written.get(prefix) == segment:
+                read = request.payload
+                cursor = _Cursor(t, handle, prefix, None, upper,
+                                 read if type(read) is _TtlRead else None)
+            if wb is not None and (cat == _CAT_LATE or touched.written.get(prefix) == segment):
                 # This iteration must see the batch's writes so far. The list sequence goes
                 # with them: if the iteration fails, no element is left above the counter.
                 if job.list_seq != seq_start:
@@ -274,6 +334,13 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 wb = None
                 segment += 1
             steps.append((i, cursor))
+            if cursor.ttl is not None:
+                # It may rewrite or remove entries: later reads of the batch come after it,
+                # later batches wait for it.
+                touched.written[prefix] = segment
+                if touched.ttl_iterated is None:
+                    touched.ttl_iterated = set()
+                touched.ttl_iterated.add(prefix)
             continue
         # writes
         if wb is None:
@@ -287,7 +354,7 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 wb.delete(prefix, cf)
                 payload = None
             else:
-                put(prefix, stored_to_bytes(payload), cf)
+                put(prefix, _value_bytes(payload), cf)
             touched.values[prefix] = payload
             continue
         touched.written[prefix] = segment
@@ -304,14 +371,14 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
                 if value is None:
                     wb.delete(prefix + user_key, cf)
                 else:
-                    put(prefix + user_key, stored_to_bytes(value), cf)
+                    put(prefix + user_key, _value_bytes(value), cf)
                 entries[user_key] = value
         elif cat in (_CAT_LIST_ADD, _CAT_LIST_ADD_ALL, _CAT_LIST_UPDATE):
             if cat == _CAT_LIST_UPDATE:
                 wb.delete_range(prefix, _prefix_end(prefix), cf)
             seq = job.list_seq
             for value in ((payload,) if cat == _CAT_LIST_ADD else payload):
-                put(prefix + _pack_seq(seq), stored_to_bytes(value), cf)
+                put(prefix + _pack_seq(seq), _value_bytes(value), cf)
                 seq += 1
             job.list_seq = seq
         else:  # _CAT_CLEAR of a list or map
@@ -325,5 +392,29 @@ def _plan(job: _Job, kg_prefix: list[bytes], track: bool) -> None:
         wb.put(_SEQ_KEY, _pack_seq(job.list_seq))  # default column family: metadata
     if wb is not None:
         steps.append(wb)
-    job.point_reads = point_reads
+    job.point_reads = point_reads + (len(job.ttl_points) if job.ttl_points else 0)
     job.writes = any(touched.written or touched.values for touched in all_touched.values())
+
+
+def _plan_ttl_point(job: _Job, i: int, cat: int, handle: _StateHandle, touched: _Touched,
+                    prefix: bytes, read: TtlRead) -> _Cursor | None:
+    """Plan the point read `i` of a TTL state: answered from the multi-get (None), or, when
+    the batch wrote this key (or a TTL iteration may have rewritten it) earlier, the late
+    read to run as a step of its own."""
+    key = prefix if cat == _CAT_GET else prefix + read.arg
+    # A TTL read may rewrite its key: later batches wait (the -1 is no WriteBatch segment).
+    if prefix not in touched.written:
+        touched.written[prefix] = -1
+    iterated = touched.ttl_iterated
+    if (touched.values and prefix in touched.values) or prefix in touched.maps \
+            or (iterated is not None and prefix in iterated):
+        return _Cursor(job.batch[i].request_type, handle, key, None, key, read)
+    points = job.ttl_points
+    if points is None:
+        points = job.ttl_points = []
+    if cat != _CAT_GET:
+        touched.read.add(prefix)  # an earlier batch writing this map is applied first
+    touched.keys.append(key)
+    touched.slots.append(len(job.batch) + len(points))
+    points.append(_TtlPoint(i, read, handle, key, cat == _CAT_MAP_CONTAINS))
+    return None

@@ -1,15 +1,18 @@
 """How RocksDBBackend lays keyed state out in RocksDB, and how it reads the layout back.
 
 Each state has its own column family, ``state:<name>``. The default column family holds
-metadata: each state's kind, the list sequence counter, the max_parallelism the state is cut
-by (2 bytes, big-endian), and a marker while a restore is under way. Keys are raw bytes::
+metadata: each state's kind, the time domain of the timestamps of each TTL state (``migrating``
+while its entries are being rewritten), the list sequence counter, the max_parallelism the
+state is cut by (2 bytes, big-endian), and a marker while a restore is under way. Keys are
+raw bytes::
 
     key group (2 bytes, big-endian) | key bytes | namespace bytes [| suffix]
 
 Key and namespace bytes are canonical msgpack. Msgpack is self-delimiting, so the
 concatenation is unambiguous, and one (key, namespace) prefix never starts another. The
 suffix is the user key's canonical bytes (map state), an 8-byte big-endian sequence number
-(list state), or empty. Values are msgpack bytes (`asyncstate.serde.stored_to_bytes`).
+(list state), or empty. Values are msgpack bytes (`asyncstate.serde.stored_to_bytes`), and
+those of a TTL state timestamped (`asyncstate.state.ttl.layout`).
 
 Everything here is internal to the RocksDB backend modules.
 """
@@ -29,6 +32,8 @@ __all__: list[str] = []
 _CF_PREFIX = "state:"
 _TIMER_CF_PREFIX = "timers:"
 _KIND_PREFIX = b"state-kind:"
+_TTL_PREFIX = b"state-ttl:"  # + name -> time domain of a timestamped state
+_TTL_MIGRATING = b"migrating"  # the value while a state's entries are rewritten
 _SEQ_KEY = b"list-sequence"
 _MAX_P_KEY = b"max-parallelism"
 _RESTORING_KEY = b"restore-pending"  # present from a restore's discard until it completes

@@ -12,7 +12,10 @@ group of the part in ascending order, a stream of msgpack records (opaque to thi
 then the part's `extra` dict, msgpack-encoded. The manifest (JSON) records the format
 version, max_parallelism, parallelism, operator index, key group range, state names and kinds,
 the data file's name and size, and for each non-empty key group its offset, size, record count
-and CRC-32, and the same for the extra blob.
+and CRC-32, and the same for the extra blob. `state_ttl` (present when some state is stored
+with TTL timestamps) maps those states to the time domain of their timestamps
+("processing_time" or "event_time"); their values are timestamped
+(`asyncstate.state.ttl.layout`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "TTL_DOMAINS",
     "KeyGroupEntry",
     "PartManifest",
     "checkpoint_path",
@@ -42,6 +46,7 @@ FORMAT_NAME = "asyncstate-checkpoint"
 MANIFEST_NAME = "_MANIFEST.json"
 DATA_MAGIC = b"ASCKPT\x00\x01"
 _MAX_MANIFEST_BYTES = 64 << 20
+TTL_DOMAINS = frozenset({"processing_time", "event_time"})  # values of `state_ttl`
 
 
 def _read_regular_file(path: str, limit: int = _MAX_MANIFEST_BYTES) -> bytes:
@@ -99,6 +104,7 @@ class PartManifest:
     extra_entry: KeyGroupEntry
     extra: dict[str, Any]
     attempt: str
+    state_ttl: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:

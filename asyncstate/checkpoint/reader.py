@@ -26,6 +26,7 @@ from asyncstate.checkpoint.layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    TTL_DOMAINS,
     KeyGroupEntry,
     PartManifest,
     _read_regular_file,
@@ -155,6 +156,11 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
     if not isinstance(states, dict) or not all(
             type(k) is str and k and type(v) is str for k, v in states.items()):
         m.fail(f"has invalid states: {states!r}")
+    state_ttl = obj.get("state_ttl", {})
+    if not isinstance(state_ttl, dict) or not all(
+            k in states and v in TTL_DOMAINS for k, v in state_ttl.items()):
+        m.fail(f"has invalid state_ttl (want states of 'states' mapped to one of "
+               f"{sorted(TTL_DOMAINS)}): {state_ttl!r}")
     data_file = obj.get("data_file")
     if type(data_file) is not str or not _DATA_RE.fullmatch(data_file):
         m.fail(f"names data file {data_file!r}, which is not a plain file name inside its part "
@@ -185,7 +191,7 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
         parallelism=parallelism, operator_index=operator_index, key_group_range=kg_range,
         states=dict(states), data_file=str(data_file), data_size=data_size,
         key_groups=key_groups, extra_entry=extra_entry, extra={},
-        attempt=attempt)
+        attempt=attempt, state_ttl=dict(state_ttl))
     return dataclasses.replace(part, extra=_read_extra(part))
 
 
@@ -231,17 +237,19 @@ class Checkpoint:
     """A complete checkpoint, opened and validated by `open_checkpoint`.
 
     `parts` are ordered by key group (so by operator index); `states` is the union of every
-    part's state kinds; `extras` lists each part's extra dict in the same order.
+    part's state kinds, `state_ttl` of their TTL time domains (the states stored with
+    timestamps); `extras` lists each part's extra dict in the same order.
     """
 
-    __slots__ = ("_starts", "max_parallelism", "parts", "path", "states")
+    __slots__ = ("_starts", "max_parallelism", "parts", "path", "state_ttl", "states")
 
     def __init__(self, path: str, max_parallelism: int, parts: list[PartManifest],
-                 states: dict[str, str]) -> None:
+                 states: dict[str, str], state_ttl: dict[str, str] | None = None) -> None:
         self.path = path
         self.max_parallelism = max_parallelism
         self.parts = tuple(sorted(parts, key=lambda p: p.key_group_range.start))
         self.states = states
+        self.state_ttl = {} if state_ttl is None else state_ttl
         self._starts = [p.key_group_range.start for p in self.parts]
 
     def __repr__(self) -> str:
@@ -449,7 +457,20 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 raise CheckpointError(
                     f"checkpoint {root!r} has state {state!r} as {states[state]} state in one "
                     f"part and as {kind} state in {p.name}", path=root)
-    return Checkpoint(root, max_p, parts, states)
+    # A state's values are timestamped in every part that holds it, or in none.
+    state_ttl: dict[str, str] = {}
+    for state in states:
+        layouts = {p.state_ttl.get(state) for p in parts if state in p.states}
+        if len(layouts) > 1:
+            described = ", ".join(f"{p.name}: {p.state_ttl.get(state) or 'no timestamps'}"
+                                  for p in parts if state in p.states)
+            raise CheckpointError(
+                f"checkpoint {root!r} stores state {state!r} with TTL timestamps in some parts "
+                f"and not in others ({described}); it cannot be read as one state", path=root)
+        layout = layouts.pop() if layouts else None
+        if layout is not None:
+            state_ttl[state] = layout
+    return Checkpoint(root, max_p, parts, states, state_ttl)
 
 
 def _check_coverage(root: str, parts: list[PartManifest], max_p: int,

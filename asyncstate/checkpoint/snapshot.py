@@ -25,7 +25,12 @@ from typing import Any
 
 import msgpack
 
-from asyncstate.backends.base import GroupedSnapshotBackend, RestorableBackend, SnapshotBackend
+from asyncstate.backends.base import (
+    GroupedSnapshotBackend,
+    RestorableBackend,
+    SnapshotBackend,
+    TtlBackend,
+)
 from asyncstate.checkpoint.layout import PartManifest
 from asyncstate.checkpoint.reader import Checkpoint
 from asyncstate.checkpoint.writer import PackedRecords, write_part
@@ -138,6 +143,8 @@ def write_snapshot(
         max_parallelism, parallelism, operator_index)
     states = {name: kind.value for name, kind in backend.registered_states().items()}
     kwargs: dict[str, Any] = {} if stale_after_s is None else {"stale_after_s": stale_after_s}
+    if isinstance(backend, TtlBackend):
+        kwargs["state_ttl"] = backend.ttl_layouts()
     started = time.perf_counter()
     with _gc_paused():
         manifest = write_part(
@@ -187,7 +194,9 @@ def restore_snapshot(
 ) -> dict[str, Any]:
     """Restore the key groups `key_group_range` of `checkpoint` into `backend`.
 
-    Declares every state of the checkpoint in the backend first. Returns
+    Declares every state of the checkpoint in the backend first, with its TTL layout
+    (timestamped or not: a backend that cannot store TTL states refuses a checkpoint holding
+    one). Returns
     ``{"extras": [each old part's extra dict, in operator order], "states": {name: kind},
     "key_groups": restored non-empty key groups, "records": restored state entries}``.
     Raises CheckpointError for a max_parallelism mismatch, a state registered with another
@@ -202,6 +211,7 @@ def restore_snapshot(
             raise CheckpointError(
                 f"state {name!r} of checkpoint {path!r} is {kind} state: {exc}",
                 path=path) from exc
+        _set_layout(backend, checkpoint, name)
     handlers = section_handlers or {}
     key_groups = records = 0
     started = time.perf_counter()
@@ -215,6 +225,23 @@ def restore_snapshot(
              seconds=round(time.perf_counter() - started, 3))
     return {"extras": checkpoint.extras, "states": dict(checkpoint.states),
             "key_groups": key_groups, "records": records}
+
+
+def _set_layout(backend: SnapshotBackend, checkpoint: Checkpoint, name: str) -> None:
+    """Store state `name` the way the checkpoint does: with TTL timestamps or without."""
+    domain = checkpoint.state_ttl.get(name)
+    if isinstance(backend, TtlBackend):
+        try:
+            backend.set_ttl_layout(name, domain, None)
+        except ValueError as exc:
+            raise CheckpointError(
+                f"state {name!r} of checkpoint {checkpoint.path!r} cannot be restored into "
+                f"{type(backend).__name__}: {exc}", path=checkpoint.path) from exc
+    elif domain is not None:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path!r} stores state {name!r} with TTL timestamps, and "
+            f"{type(backend).__name__} cannot store TTL state (it is no TtlBackend): restore "
+            "it into a HeapBackend or RocksDBBackend", path=checkpoint.path)
 
 
 def _restore_key_group(backend: SnapshotBackend, checkpoint: Checkpoint, kg: int,

@@ -34,6 +34,7 @@ from asyncstate.checkpoint.layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    TTL_DOMAINS,
     KeyGroupEntry,
     PartManifest,
     _read_regular_file,
@@ -179,6 +180,7 @@ def write_part(
     key_groups: Iterable[tuple[int, Iterable[Any]]],
     extra: Mapping[str, Any] | None = None,
     stale_after_s: float = DEFAULT_STALE_AFTER_S,
+    state_ttl: Mapping[str, str] | None = None,
 ) -> PartManifest:
     """Write and commit operator `operator_index`'s part of the checkpoint at `checkpoint_dir`.
 
@@ -186,7 +188,8 @@ def write_part(
     at most once, in any order; records are msgpack-encodable objects, streamed, or a
     `PackedRecords`. `states` maps
     state names to kinds; `extra` is any msgpack-encodable dict (operator state, sequence
-    numbers). Writing a part that already exists replaces it atomically (see the module
+    numbers); `state_ttl` maps the states stored with TTL timestamps to their time domain.
+    Writing a part that already exists replaces it atomically (see the module
     docstring). Raises CheckpointError naming the part and key group for a record that cannot
     be encoded or a key group outside the range; the previous part, if any, stays intact.
     """
@@ -203,6 +206,11 @@ def write_part(
         if kind not in _KINDS:
             raise ValueError(f"state {name!r} has the unknown kind {kind!r} (want one of "
                              f"{', '.join(sorted(_KINDS))})")
+    ttl = dict(state_ttl or {})
+    for name, domain in ttl.items():
+        if name not in state_kinds or domain not in TTL_DOMAINS:
+            raise ValueError(f"state_ttl names state {name!r} with time domain {domain!r}: "
+                             f"want a state of `states` and one of {sorted(TTL_DOMAINS)}")
     part_dir = os.path.join(os.fspath(checkpoint_dir), part_name(parallelism, operator_index))
     pname = part_name(parallelism, operator_index)
     if isinstance(stale_after_s, bool) or not isinstance(stale_after_s, (int, float)) \
@@ -277,6 +285,7 @@ def write_part(
             "operator_index": operator_index,
             "key_group_range": [kg_range.start, kg_range.end],
             "states": dict(sorted(state_kinds.items())),
+            **({"state_ttl": dict(sorted(ttl.items()))} if ttl else {}),
             "attempt": attempt,
             "written_at": time.time(),
             "checksum": "crc32",
@@ -308,7 +317,7 @@ def write_part(
         path=part_dir, format_version=FORMAT_VERSION, max_parallelism=max_parallelism,
         parallelism=parallelism, operator_index=operator_index, key_group_range=kg_range,
         states=state_kinds, data_file=data_file, data_size=data_size, key_groups=index,
-        extra_entry=extra_entry, extra=dict(extra or {}), attempt=attempt)
+        extra_entry=extra_entry, extra=dict(extra or {}), attempt=attempt, state_ttl=ttl)
 
 
 def _commit(part_dir: str, pname: str, data_path: str, tmp_path: str, manifest_path: str,

@@ -168,7 +168,7 @@ class KeyedOperator:
                     self.config.max_parallelism, self._open_timers)
             self.runtime_context = RuntimeContext(
                 self._controller, self.backend, parallelism=self.parallelism,
-                operator_index=self.operator_index, restored=restored)
+                operator_index=self.operator_index, restored=restored, operator=self)
             self._function_opened = True  # a failing open() still gets its close(), as in Flink
             opener = getattr(self.function, "open", None)
             if opener is not None:

@@ -31,7 +31,8 @@ class RecordRunner:
 
     __slots__ = ("_base_vars", "_controller", "_driver", "_key_selector", "_kg_end",
                  "_kg_start", "_max_parallelism", "_on_timer", "_operator", "_parallelism",
-                 "_index", "_process_element", "_run", "_run_timer", "_timestamp_selector")
+                 "_index", "_process_element", "_run", "_run_timer", "_timestamp_selector",
+                 "record_hooks")
 
     def __init__(self, operator: Any, process_element: Callable[[Any, Any], Any],
                  on_timer: Callable[[int, Any], Any] | None,
@@ -55,6 +56,9 @@ class RecordRunner:
         self._max_parallelism = max_parallelism
         self._parallelism = parallelism
         self._index = index
+        # Called with no arguments as each record starts, inside its context (incremental TTL
+        # cleanup with run_cleanup_for_every_record registers here).
+        self.record_hooks: list[Callable[[], None]] = []
         # One bound method each, not one per record.
         self._run = self.run_record
         self._run_timer = self.run_timer
@@ -104,6 +108,15 @@ class RecordRunner:
 
     def run_record(self, ctx: RecordContext) -> None:
         """Run process_element for a started record (inside its context, key held)."""
+        if self.record_hooks:
+            try:
+                for hook in self.record_hooks:
+                    hook()
+            except BaseException as exc:
+                self._controller.fail(exc)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                return
         self._invoke(self._process_element, ctx.record, ctx)
 
     def run_timer(self, ctx: RecordContext) -> None:

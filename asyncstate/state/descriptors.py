@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from asyncstate.config import check_state_name
 from asyncstate.errors import ConfigError
 from asyncstate.runtime.requests import StateKind
+from asyncstate.state.ttl.config import StateTtlConfig, StateTtlConfigBuilder
 
 __all__ = [
     "AggregateFunction",
@@ -85,17 +86,22 @@ class StateDescriptor:
 
     kind: StateKind
 
-    def __init__(self, name: str, *, ttl: Any = None) -> None:
+    def __init__(self, name: str, *, ttl: StateTtlConfig | None = None) -> None:
         self.name = check_state_name(name)
-        self.ttl_config: Any = None
+        self.ttl_config: StateTtlConfig | None = None
         if ttl is not None:
             self.enable_time_to_live(ttl)
 
-    def enable_time_to_live(self, ttl_config: Any) -> None:
-        """Let entries of this state expire according to `ttl_config` (a StateTtlConfig)."""
-        if ttl_config is None:
-            raise ConfigError("ttl_config", ttl_config, "a StateTtlConfig")
-        self.ttl_config = ttl_config
+    def enable_time_to_live(self, ttl_config: StateTtlConfig) -> None:
+        """Let entries of this state expire according to `ttl_config` (a StateTtlConfig,
+        see docs/ttl.md)."""
+        given: object = ttl_config
+        if isinstance(given, StateTtlConfigBuilder):
+            raise ConfigError("ttl_config", given,
+                              "a StateTtlConfig (call .build() on the builder)")
+        if not isinstance(given, StateTtlConfig):
+            raise ConfigError("ttl_config", given, "a StateTtlConfig")
+        self.ttl_config = given
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -129,7 +135,7 @@ class ReducingStateDescriptor(StateDescriptor, Generic[T]):
     kind = StateKind.REDUCING
 
     def __init__(self, name: str, reduce_fn: Callable[[T, T], T], *,
-                 ttl: Any = None) -> None:
+                 ttl: StateTtlConfig | None = None) -> None:
         if not callable(reduce_fn):
             raise ConfigError("reduce_fn", reduce_fn, "a callable taking two values")
         super().__init__(name, ttl=ttl)
@@ -143,7 +149,7 @@ class AggregatingStateDescriptor(StateDescriptor, Generic[IN_, OUT_]):
     kind = StateKind.AGGREGATING
 
     def __init__(self, name: str, aggregate_function: AggregateFunctionLike[IN_, Any, OUT_], *,
-                 ttl: Any = None) -> None:
+                 ttl: StateTtlConfig | None = None) -> None:
         for method in ("create_accumulator", "add", "get_result"):
             if not callable(getattr(aggregate_function, method, None)):
                 raise ConfigError("aggregate_function", aggregate_function,

@@ -10,7 +10,7 @@ future.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from asyncstate.errors import SerializationError
 from asyncstate.runtime.future import StateFuture
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         ReducingStateDescriptor,
     )
 
-__all__ = ["AggregatingState", "ReducingState"]
+__all__ = ["AggregatingState", "MergingTtl", "ReducingState"]
 
 T = TypeVar("T")
 IN = TypeVar("IN")
@@ -34,11 +34,29 @@ OUT = TypeVar("OUT")
 _T = StateRequestType
 
 
+class MergingTtl(Protocol):
+    """The TTL side of a reducing or aggregating state (`asyncstate.state.ttl.states`)."""
+
+    def read(self, ctx: RecordContext, arg: Any) -> Any:
+        """The payload of a read by get()."""
+
+    def merge_read(self, ctx: RecordContext) -> Any:
+        """The payload of the read inside add()."""
+
+    def stamp(self, ctx: RecordContext, stored: Any) -> Any:
+        """The entry add() writes for the stored form `stored`."""
+
+    def touch(self, ctx: RecordContext) -> None:
+        """An access that neither reads nor stamps (clear)."""
+
+
 class _MergingState(InternalState):
-    __slots__ = ("_get_type", "_put_type")
+    __slots__ = ("_get_type", "_put_type", "_ttl")
 
     _get_type: StateRequestType
     _put_type: StateRequestType
+    # The TTL side of a TTL state (asyncstate.state.ttl.states), else None.
+    _ttl: MergingTtl | None
 
     def _serialized(self, ctx: RecordContext,
                     step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[Any]:
@@ -51,8 +69,23 @@ class _MergingState(InternalState):
             return step(ns)
         return gate.then_compose(lambda _: step(ns))
 
-    def _read(self, ctx: RecordContext, ns: bytes) -> StateFuture[Any]:
-        return self._controller.handle_request(self, self._get_type, None, ctx, ns)
+    def _read(self, ctx: RecordContext, ns: bytes, payload: Any) -> StateFuture[Any]:
+        return self._controller.handle_request(self, self._get_type, payload, ctx, ns)
+
+    # What TTL changes: the payload of the read of get() and of the read inside add(), and
+    # the stored form of the value add() writes. Each is called when its request is issued.
+
+    def _get_payload(self, ctx: RecordContext) -> Any:
+        return None if self._ttl is None else self._ttl.read(ctx, None)
+
+    def _fold_payload(self, ctx: RecordContext) -> Any:
+        return None if self._ttl is None else self._ttl.merge_read(ctx)
+
+    def _stored(self, ctx: RecordContext, value: Any) -> Any:
+        stored = to_stored(value, self.name)
+        if self._ttl is None or stored is None:  # a fold that stores None clears the value
+            return stored
+        return self._ttl.stamp(ctx, stored)
 
     def _write_serialized(self, ctx: RecordContext,
                           step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[None]:
@@ -74,8 +107,8 @@ class _MergingState(InternalState):
         def step(ns: bytes) -> StateFuture[None]:
             def write(old: Any) -> StateFuture[None]:
                 return controller.handle_request(
-                    self, self._put_type, to_stored(fold(old), self.name), ctx, ns)
-            return self._read(ctx, ns).then_compose(write)
+                    self, self._put_type, self._stored(ctx, fold(old)), ctx, ns)
+            return self._read(ctx, ns, self._fold_payload(ctx)).then_compose(write)
 
         return self._write_serialized(ctx, step)
 
@@ -83,6 +116,8 @@ class _MergingState(InternalState):
         """Remove the value for the current key and namespace (after pending adds)."""
         ctx = self._controller.current(self)
         controller = self._controller
+        if self._ttl is not None:
+            self._ttl.touch(ctx)
         return self._write_serialized(
             ctx, lambda ns: controller.handle_request(self, _T.CLEAR, None, ctx, ns))
 
@@ -93,8 +128,9 @@ class ReducingState(_MergingState, Generic[T]):
     __slots__ = ("_reduce",)
 
     def __init__(self, descriptor: ReducingStateDescriptor, controller: AsyncExecutionController,
-                 handle: Any) -> None:
+                 handle: Any, ttl: MergingTtl | None = None) -> None:
         super().__init__(descriptor, controller, handle)
+        self._ttl = ttl
         self._reduce = descriptor.reduce_fn
         self._get_type = _T.REDUCING_GET
         self._put_type = _T.REDUCING_ADD
@@ -102,7 +138,7 @@ class ReducingState(_MergingState, Generic[T]):
     def get(self) -> StateFuture[T | None]:
         """A future of the reduced value, or None when nothing was added."""
         ctx = self._controller.current(self)
-        return self._serialized(ctx, lambda ns: self._read(ctx, ns))
+        return self._serialized(ctx, lambda ns: self._read(ctx, ns, self._get_payload(ctx)))
 
     def add(self, value: T) -> StateFuture[None]:
         """Fold `value`, as it is at the call, into the stored value."""
@@ -121,8 +157,10 @@ class AggregatingState(_MergingState, Generic[IN, OUT]):
     __slots__ = ("_agg",)
 
     def __init__(self, descriptor: AggregatingStateDescriptor,
-                 controller: AsyncExecutionController, handle: Any) -> None:
+                 controller: AsyncExecutionController, handle: Any,
+                 ttl: MergingTtl | None = None) -> None:
         super().__init__(descriptor, controller, handle)
+        self._ttl = ttl
         self._agg = descriptor.aggregate_function
         self._get_type = _T.AGGREGATING_GET
         self._put_type = _T.AGGREGATING_ADD
@@ -131,7 +169,8 @@ class AggregatingState(_MergingState, Generic[IN, OUT]):
         """A future of get_result(accumulator), or None when nothing was added."""
         ctx = self._controller.current(self)
         agg = self._agg
-        return self._serialized(ctx, lambda ns: self._read(ctx, ns)).then_apply(
+        return self._serialized(
+            ctx, lambda ns: self._read(ctx, ns, self._get_payload(ctx))).then_apply(
             lambda acc: None if acc is None else agg.get_result(acc))
 
     def add(self, value: IN) -> StateFuture[None]:

@@ -137,13 +137,13 @@ def test_enable_time_to_live_rejects_none_and_keeps_a_config(make):
         descriptor.enable_time_to_live(None)
     assert info.value.option == "ttl_config"
     assert descriptor.ttl_config is None
-    ttl = object()
+    ttl = ast.StateTtlConfig.new_builder(1000).build()
     descriptor.enable_time_to_live(ttl)
     assert descriptor.ttl_config is ttl
 
 
 def test_descriptor_ttl_keyword_enables_time_to_live():
-    ttl = object()
+    ttl = ast.StateTtlConfig.new_builder(1000).build()
     assert ast.ValueStateDescriptor("v", ttl=ttl).ttl_config is ttl
     assert ast.ReducingStateDescriptor("r", max, ttl=ttl).ttl_config is ttl
     assert ast.AggregatingStateDescriptor("a", Sum(), ttl=ttl).ttl_config is ttl

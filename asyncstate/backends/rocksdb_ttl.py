@@ -1,0 +1,450 @@
+"""RocksDB's side of TTL states: their reads in phase 3, incremental cleanup steps, layout
+changes and full snapshot filtering.
+
+Every stored value of a TTL state is timestamped (`asyncstate.state.ttl.layout`): a value
+of a value-kind state, each list element, each map entry. A read carries a `TtlRead` and
+follows `layout.outcome`; what it changes (a refresh with ON_READ_AND_WRITE, the removal of
+an expired entry it found) goes into a WriteBatch written at the read's place in the lane:
+
+- point reads answered from the multi-get (`apply_points`): before the batch's own writes,
+  in issue order (a second read of the same key sees what the first one changed);
+- iterations, `is_empty` and late point reads (`load`): at their own step.
+
+A refresh found by a point read is not written at once but kept as a *deferred refresh* on
+the state's handle for a few jobs (`_GENERATIONS`): a record that reads and then writes a key
+(a counter) writes it again in a later batch, and that write makes the refresh pointless.
+Every read of a TTL state in phase 3 looks at the deferred refreshes first (`_current`), a
+job's own writes drop the refreshes they overwrite (`RocksTtl.settle`), and the rest are
+written when they grow old, before the job's own writes; everything else that reads the
+column family (snapshots, layout changes, closing) writes them all first (`flush`).
+
+Incremental cleanup runs as a job of the backend's own in the lane (`RocksTtl.run_steps`),
+so it is ordered with the batches around it; its cursor is a remembered key, and every scan
+is a bounded one (`asyncstate.backends.rocksdb_scan`): no iterator outlives a step.
+
+Everything here is internal to the RocksDB backend modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import rocksdict
+
+from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _StateHandle, _TtlPoint
+from asyncstate.backends.rocksdb_scan import _scan_items
+from asyncstate.errors import BackendError, InvalidStateError
+from asyncstate.runtime.requests import IteratorChunk, StateKind, StateRequestType
+from asyncstate.serde import decode_key, decode_value
+from asyncstate.state.ttl.layout import (
+    EXPIRED_HIDDEN,
+    EXPIRED_RETURNED,
+    FRESH,
+    HEADER_SIZE,
+    TtlRead,
+    encode,
+    expiration,
+    outcome,
+    timestamp_of,
+)
+from asyncstate.state.ttl.tracker import CleanupPass, TtlTracker
+
+__all__: list[str] = []
+
+_T: Final = StateRequestType  # compiled: Final alias
+_FRESH: Final = FRESH  # compiled: Final alias
+_HIDDEN: Final = EXPIRED_HIDDEN  # compiled: Final alias
+_RETURNED: Final = EXPIRED_RETURNED  # compiled: Final alias
+_HEADER_SIZE: Final = HEADER_SIZE  # compiled: Final alias
+_ABSENT: Final = -1
+# Every stored key of a state's column family starts with a 2-byte key group (< 0x8000).
+_ALL_LOWER: Final = b""
+_ALL_UPPER: Final = b"\xff\xff\xff"
+# Entries scanned per slice by `is_empty` and layout changes.
+_SLICE: Final = 1000
+_MIGRATE_SLICE: Final = 10_000
+# Jobs a deferred refresh waits for a write that overwrites it: the job that read it is
+# still under way in the lane with the next one or two (one per I/O slot), and the record's
+# write comes in a batch triggered after its read was delivered.
+_GENERATIONS: Final = 4
+
+
+def _timestamp(raw: bytes, name: str) -> int:
+    try:
+        return timestamp_of(raw)
+    except ValueError as exc:
+        raise BackendError(f"a stored value of TTL state {name!r} is damaged: {exc}") from None
+
+
+def _current(handle: _StateHandle, key: bytes, raw: bytes | None) -> bytes | None:
+    """What `key` holds: its deferred refresh, if it has one, else `raw` (what is stored)."""
+    refreshes = handle.refreshes
+    if refreshes is not None:
+        refreshed = refreshes.get(key)
+        if refreshed is not None:
+            return refreshed
+    return raw
+
+
+def _forget(handle: _StateHandle, key: bytes) -> None:
+    """Drop the deferred refresh of `key`, if any (it is overwritten or removed)."""
+    refreshes = handle.refreshes
+    if refreshes is not None:
+        refreshes.pop(key, None)
+
+
+class _Effects:
+    """What reads of TTL states change: one WriteBatch (made on first use), the bytes each
+    changed key holds afterwards (None: removed), and, with `young` (the backend's list of
+    this job's deferred refreshes), refreshes kept back instead of written."""
+
+    __slots__ = ("latest", "wb", "young")
+
+    def __init__(self, young: list[tuple[_StateHandle, bytes, bytes]] | None = None) -> None:
+        self.wb: rocksdict.WriteBatch | None = None
+        self.latest: dict[bytes, bytes | None] = {}
+        self.young = young
+
+    def put(self, key: bytes, value: bytes, handle: _StateHandle) -> None:
+        self.latest[key] = value
+        young = self.young
+        if young is not None:
+            refreshes = handle.refreshes
+            if refreshes is None:
+                refreshes = handle.refreshes = {}
+            refreshes[key] = value
+            young.append((handle, key, value))
+            return
+        _forget(handle, key)  # this write is newer than a deferred refresh of the key
+        if self.wb is None:
+            self.wb = rocksdict.WriteBatch(raw_mode=True)
+        self.wb.put(key, value, handle.cf_handle)
+
+    def delete(self, key: bytes, handle: _StateHandle) -> None:
+        self.latest[key] = None
+        _forget(handle, key)
+        if self.wb is None:
+            self.wb = rocksdict.WriteBatch(raw_mode=True)
+        self.wb.delete(key, handle.cf_handle)
+
+
+def _point(read: TtlRead, raw: bytes | None, key: bytes, handle: _StateHandle,
+           effects: _Effects | None) -> int:
+    """What `read` finds in the bytes `raw` of `key` (_ABSENT when there are none), noting
+    its refresh or removal in `effects` (None: look only)."""
+    if raw is None:
+        return _ABSENT
+    ts = _timestamp(raw, handle.name)
+    found = outcome(read, ts)
+    if effects is None:
+        return found
+    policy = read.policy
+    if found == _FRESH:
+        if policy.update_on_read and read.access != ts:
+            effects.put(key, encode(read.access, raw[_HEADER_SIZE:]), handle)
+    elif policy.cleanup_on_read:
+        effects.delete(key, handle)
+    return found
+
+
+def _answer(found: int, raw: bytes | None, contains: bool) -> Any:
+    visible = found in (_FRESH, _RETURNED)
+    if contains:
+        return visible
+    return decode_value(raw[_HEADER_SIZE:]) if visible and raw is not None else None
+
+
+def apply_points(points: list[_TtlPoint], results: list[Any], effects: _Effects) -> None:
+    """Answer the TTL point reads of a job from their multi-get bytes, in issue order, noting
+    what they change in `effects` (written before the job's own writes)."""
+    latest = effects.latest
+    for p in points:
+        key = p.key
+        raw = latest[key] if key in latest else _current(p.handle, key, p.raw)
+        found = _point(p.read, raw, key, p.handle, effects)
+        results[p.index] = _answer(found, raw, p.contains)
+
+
+def _scan(handle: _StateHandle, lower: bytes, upper: bytes, limit: int
+          ) -> list[tuple[bytes, bytes]]:
+    if handle.cf is None:
+        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
+    return _scan_items(handle.cf, lower, upper, limit)
+
+
+def _get(handle: _StateHandle, key: bytes) -> bytes | None:
+    if handle.cf is None:
+        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
+    raw: bytes | None = handle.cf.get(key)
+    return _current(handle, key, raw)
+
+
+def load(cursor: _Cursor, chunk: int, effects: _Effects) -> Any:
+    """The answer of a TTL state's iteration (one chunk), `is_empty` or late point read at
+    `cursor`; what it changes goes into `effects`."""
+    read = cursor.ttl
+    assert read is not None
+    handle = cursor.handle
+    t = cursor.request_type
+    if t is _T.MAP_IS_EMPTY:
+        return _is_empty(cursor, read, effects)
+    if not (t is _T.LIST_GET or t is _T.MAP_ITER or t is _T.MAP_ITER_KEY
+            or t is _T.MAP_ITER_VALUE):
+        raw = _get(handle, cursor.prefix)
+        found = _point(read, raw, cursor.prefix, handle, effects)
+        return _answer(found, raw, t is _T.MAP_CONTAINS)
+    prefix = cursor.prefix
+    skip = len(prefix)
+    lower = prefix if cursor.after is None else cursor.after + b"\x00"
+    items: list[Any] = []
+    last: bytes | None = None
+    while True:
+        entries = _scan(handle, lower, cursor.upper, chunk + 1)
+        for k, stored in entries:
+            v = stored if not handle.refreshes else _current(handle, k, stored)
+            assert v is not None
+            # One more entry a read returns (looked at, not changed): the next chunk starts
+            # after the last one taken.
+            if len(items) == chunk and _point(read, v, k, handle, None) != _HIDDEN:
+                return IteratorChunk(items, _Cursor(t, handle, prefix, last, cursor.upper,
+                                                    read))
+            found = _point(read, v, k, handle, effects)
+            if found == _HIDDEN:
+                continue
+            last = k
+            if t is _T.LIST_GET or t is _T.MAP_ITER_VALUE:
+                items.append(decode_value(v[_HEADER_SIZE:]))
+            elif t is _T.MAP_ITER:
+                items.append((decode_key(k[skip:]), decode_value(v[_HEADER_SIZE:])))
+            else:
+                items.append(decode_key(k[skip:]))
+        if len(entries) <= chunk:
+            return IteratorChunk(items, None)
+        lower = entries[-1][0] + b"\x00"
+
+
+def _is_empty(cursor: _Cursor, read: TtlRead, effects: _Effects) -> bool:
+    """True when the map at `cursor` holds no entry a read returns; the expired entries met
+    before the first one it returns are removed."""
+    lower = cursor.prefix
+    while True:
+        entries = _scan(cursor.handle, lower, cursor.upper, _SLICE)
+        for k, v in entries:
+            if _point(read, _current(cursor.handle, k, v), k, cursor.handle,
+                      effects) != _HIDDEN:
+                return False
+        if len(entries) < _SLICE:
+            return True
+        lower = entries[-1][0] + b"\x00"
+
+
+# -- the backend's TTL bookkeeping ----------------------------------------------------------
+
+class _StepCursor:
+    """Where incremental cleanup of one state stands: the key to scan from next (None:
+    the start of a pass) and the pass under way."""
+
+    __slots__ = ("after", "pass_")
+
+    def __init__(self) -> None:
+        self.after: bytes | None = None
+        self.pass_: CleanupPass | None = None
+
+
+class RocksTtl:
+    """Which states of a RocksDB backend are timestamped (and in which time domain), their
+    trackers, incremental cleanup cursors and the steps waiting for their job in the lane."""
+
+    __slots__ = ("ages", "cursors", "layouts", "pending", "trackers")
+
+    def __init__(self) -> None:
+        self.layouts: dict[str, str] = {}
+        self.trackers: dict[str, TtlTracker] = {}
+        self.cursors: dict[str, _StepCursor] = {}
+        # The deferred refreshes each of the last jobs made, youngest first.
+        self.ages: list[list[tuple[_StateHandle, bytes, bytes]]] = []
+        # name -> [budget, now] of the steps the queued cleanup job will run (empty: no job
+        # queued). Steps coalesce: budgets add up, and the earliest "now" is kept.
+        self.pending: dict[str, list[int]] = {}
+
+    def __repr__(self) -> str:
+        return f"<RocksTtl layouts={self.layouts}>"
+
+    def track(self, name: str, tracker: TtlTracker | None) -> None:
+        """`TtlBackend.track_ttl`."""
+        self.cursors.pop(name, None)
+        self.pending.pop(name, None)
+        if tracker is None:
+            self.trackers.pop(name, None)
+        else:
+            self.trackers[name] = tracker
+
+    def add_step(self, name: str, budget: int, now: int) -> bool:
+        """Note an incremental cleanup step; True when the caller must queue a job to run
+        the noted steps (none is queued yet)."""
+        if name not in self.trackers:
+            return False
+        first = not self.pending
+        noted = self.pending.get(name)
+        if noted is None:
+            self.pending[name] = [budget, now]
+        else:
+            noted[0] += budget
+            if now < noted[1]:
+                noted[1] = now
+        return first
+
+    def run_steps(self, handles: dict[str, _StateHandle]) -> rocksdict.WriteBatch | None:
+        """The cleanup job: run the noted steps (at the head of the lane); the WriteBatch
+        of the removals."""
+        pending, self.pending = self.pending, {}
+        wb: rocksdict.WriteBatch | None = None
+        for name, (budget, now) in pending.items():
+            tracker = self.trackers.get(name)
+            handle = handles.get(name)
+            if tracker is None or handle is None:
+                continue
+            cursor = self.cursors.get(name)
+            if cursor is None:
+                cursor = self.cursors[name] = _StepCursor()
+            wb = _step(handle, tracker, cursor, budget, now, wb)
+        return wb
+
+    @property
+    def deferred(self) -> bool:
+        """True while some refresh is deferred."""
+        return bool(self.ages)
+
+    def effects(self) -> _Effects:
+        """The effects of a job's point reads, refreshes deferred."""
+        young: list[tuple[_StateHandle, bytes, bytes]] = []
+        self.ages.insert(0, young)
+        return _Effects(young)
+
+    def settle(self, job: _Job, effects: _Effects) -> None:
+        """Before a job's own writes: drop the deferred refreshes its writes overwrite, put
+        those of keys it rewrites by range (a list or map it clears or replaces) and those
+        that grew old into `effects`."""
+        touched_all = job.touched
+        for handle, touched in touched_all.items():
+            if handle.refreshes is None:
+                continue
+            for key in touched.values:  # value kinds: puts and deletes of these keys
+                _forget(handle, key)
+            for prefix, overlay in touched.maps.items():
+                if overlay.cleared:
+                    _flush_prefix(handle, prefix, effects)
+                for user_key in overlay.entries:
+                    _forget(handle, prefix + user_key)
+            if handle.kind is StateKind.LIST:
+                for prefix, segment in touched.written.items():
+                    if segment >= 0:
+                        _flush_prefix(handle, prefix, effects)
+        ages = self.ages
+        while len(ages) > _GENERATIONS or (ages and not ages[-1]):
+            for handle, key, value in ages.pop():
+                refreshes = handle.refreshes
+                # Written unless overwritten, removed or refreshed again since.
+                if refreshes is not None and refreshes.get(key) is value:
+                    del refreshes[key]
+                    _write(effects, key, value, handle)
+
+    def flush(self) -> rocksdict.WriteBatch | None:
+        """Every deferred refresh, as a WriteBatch (None: there are none); they are no longer
+        deferred."""
+        effects = _Effects()
+        for age in reversed(self.ages):
+            for handle, key, value in age:
+                refreshes = handle.refreshes
+                if refreshes is not None and refreshes.get(key) is value:
+                    del refreshes[key]
+                    _write(effects, key, value, handle)
+        self.ages = []
+        return effects.wb
+
+    def drop(self) -> None:
+        """Forget every deferred refresh (their states are dropped)."""
+        for age in self.ages:
+            for handle, _key, _value in age:
+                handle.refreshes = None
+        self.ages = []
+
+    def filter_snapshot(self, name: str, items: list[tuple[bytes, bytes]]
+                        ) -> list[tuple[bytes, bytes]]:
+        """`items` of state `name` without the expired ones, when its tracker asks for full
+        snapshot cleanup."""
+        tracker = self.trackers.get(name)
+        if tracker is None or not tracker.full_snapshot or name not in self.layouts:
+            return items
+        now = tracker.now()
+        ttl = tracker.ttl_ms
+        return [(k, v) for k, v in items if expiration(_timestamp(v, name), ttl) > now]
+
+
+def _write(effects: _Effects, key: bytes, value: bytes, handle: _StateHandle) -> None:
+    if effects.wb is None:
+        effects.wb = rocksdict.WriteBatch(raw_mode=True)
+    effects.wb.put(key, value, handle.cf_handle)
+
+
+def _flush_prefix(handle: _StateHandle, prefix: bytes, effects: _Effects) -> None:
+    """Put the deferred refreshes of keys under `prefix` into `effects` (the job then
+    rewrites that range, after them)."""
+    refreshes = handle.refreshes
+    if refreshes:
+        for key in [k for k in refreshes if k.startswith(prefix)]:
+            _write(effects, key, refreshes.pop(key), handle)
+
+
+def _step(handle: _StateHandle, tracker: TtlTracker, cursor: _StepCursor, budget: int,
+          now: int, wb: rocksdict.WriteBatch | None) -> rocksdict.WriteBatch | None:
+    """One incremental cleanup step of one state: up to `budget` stored entries (each list
+    element and map entry counts) from the cursor on."""
+    p = cursor.pass_
+    if p is None:
+        p = cursor.pass_ = tracker.start_pass()
+        cursor.after = None
+    lower = _ALL_LOWER if cursor.after is None else cursor.after + b"\x00"
+    entries = _scan(handle, lower, _ALL_UPPER, budget)
+    ttl = tracker.ttl_ms
+    for k, stored in entries:
+        v = _current(handle, k, stored)
+        assert v is not None
+        exp = expiration(_timestamp(v, handle.name), ttl)
+        if exp <= now:
+            if wb is None:
+                wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.delete(k, handle.cf_handle)
+            _forget(handle, k)
+        else:
+            p.keep(exp)
+    if len(entries) < budget:
+        tracker.end_pass(p)
+        cursor.pass_ = None
+        cursor.after = None
+    else:
+        cursor.after = entries[-1][0]
+    return wb
+
+
+def rewrite_layout(handle: _StateHandle, stamp: int | None,
+                   write: Any) -> None:
+    """Add timestamps (`stamp`) to every stored value of a state, or (None) drop them,
+    slice by slice; `write(wb)` writes each slice's WriteBatch."""
+    lower = _ALL_LOWER
+    header = None if stamp is None else encode(stamp, b"")
+    while True:
+        entries = _scan(handle, lower, _ALL_UPPER, _MIGRATE_SLICE)
+        if not entries:
+            return
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for k, v in entries:
+            if header is None:
+                _timestamp(v, handle.name)
+                wb.put(k, v[_HEADER_SIZE:], handle.cf_handle)
+            else:
+                wb.put(k, header + v, handle.cf_handle)
+        write(wb)
+        if len(entries) < _MIGRATE_SLICE:
+            return
+        lower = entries[-1][0] + b"\x00"

@@ -1,0 +1,586 @@
+"""State TTL semantics: every state type x update type x visibility x time characteristic on
+the heap, a slice of it on RocksDB and the batched heap, and the rules around them (the
+expiry boundary, elements and entries expiring one by one, event time, request order)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from shared_functions import Sum
+from ttl_harness import NOTHING, At, Steps, play, run, stored_entries, ttl
+from ttl_harness import operator as make_operator
+
+import asyncstate as ast
+from asyncstate.checkpoint.reader import open_checkpoint
+from asyncstate.testing import ManualExecutor
+
+U = ast.UpdateType
+VIS = ast.StateVisibility
+ON_CREATE, ON_READ, DISABLED = U.ON_CREATE_AND_WRITE, U.ON_READ_AND_WRITE, U.DISABLED
+NEVER, RETURN = VIS.NEVER_RETURN_EXPIRED, VIS.RETURN_EXPIRED_IF_NOT_CLEANED_UP
+
+
+async def _to_list(fut: Any) -> list[Any]:
+    return list(await (await fut).to_list())
+
+
+# Each kind: a descriptor factory, a write, a read, and what the read returns when the entry
+# is there and when it is not.
+KINDS: dict[str, tuple[Any, Any, Any, Any, Any]] = {
+    "value": (lambda c: ast.ValueStateDescriptor("s", ttl=c),
+              lambda s: s.update("a"), lambda s: s.value(), "a", None),
+    "list": (lambda c: ast.ListStateDescriptor("s", ttl=c),
+             lambda s: s.add("a"), lambda s: _to_list(s.get()), ["a"], []),
+    "map": (lambda c: ast.MapStateDescriptor("s", ttl=c),
+            lambda s: s.put("k", "a"), lambda s: s.get("k"), "a", None),
+    "reducing": (lambda c: ast.ReducingStateDescriptor("s", lambda a, b: a + b, ttl=c),
+                 lambda s: s.add(1), lambda s: s.get(), 1, None),
+    "aggregating": (lambda c: ast.AggregatingStateDescriptor("s", Sum(), ttl=c),
+                    lambda s: s.add(1), lambda s: s.get(), 1, None),
+}
+
+# Reads after a write at 0 with ttl 100: (time, whether the read returns the entry) for each
+# (update type, visibility). A read at 120 finds the entry written at 0 expired unless a read
+# at 60 refreshed it; RETURN_EXPIRED_IF_NOT_CLEANED_UP returns it once, and that read removes
+# it. Refreshed at 120 and 130 (ON_READ_AND_WRITE), it has expired again at 300.
+READ_TIMES = (60, 120, 130, 300, 301)
+EXPECTED = {
+    (ON_CREATE, NEVER): (True, False, False, False, False),
+    (ON_CREATE, RETURN): (True, True, False, False, False),
+    (ON_READ, NEVER): (True, True, True, False, False),
+    (ON_READ, RETURN): (True, True, True, True, False),
+    (DISABLED, NEVER): (True,) * 5,
+    (DISABLED, RETURN): (True,) * 5,
+}
+MATRIX = list(itertools.product(KINDS, [ON_CREATE, ON_READ, DISABLED], [NEVER, RETURN],
+                                [False, True]))
+
+
+def _case_id(case: tuple[str, U, VIS, bool]) -> str:
+    kind, update, visibility, event_time = case
+    return (f"{kind}-{update.name.lower()}-{visibility.name.split('_')[0].lower()}-"
+            f"{'event' if event_time else 'processing'}")
+
+
+async def _check_case(backend: Any, kind: str, update: U, visibility: VIS,
+                      event_time: bool) -> None:
+    make, write, read, present, absent = KINDS[kind]
+    config = ttl(100, update=update, visibility=visibility, event_time=event_time)
+
+    async def do_write(s: Any, ctx: Any) -> Any:
+        await write(s.s)
+        return NOTHING
+
+    async def do_read(s: Any, ctx: Any) -> Any:
+        return await read(s.s)
+
+    plan = [At(0, do_write)] + [At(t, do_read) for t in READ_TIMES]
+    out, counts = await run(Steps(s=make(config)), backend, plan, event_time=event_time,
+                            counts=["s"])
+    assert out == [present if seen else absent for seen in EXPECTED[update, visibility]]
+    # Cleanup on read: what a read found expired is gone from storage, not only hidden.
+    assert counts["s"] == (1 if update is DISABLED else 0)
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+@pytest.mark.parametrize("backend", ["heap"], indirect=True)
+@pytest.mark.parametrize("case", MATRIX, ids=_case_id)
+async def test_matrix_on_the_heap(backend, case):
+    await _check_case(backend, *case)
+
+
+ROCKSDB_SLICE = [
+    ("value", ON_CREATE, NEVER, False), ("value", ON_READ, RETURN, True),
+    ("list", ON_READ, NEVER, False), ("list", ON_CREATE, RETURN, True),
+    ("map", ON_CREATE, RETURN, False), ("map", ON_READ, NEVER, True),
+    ("reducing", ON_READ, NEVER, False), ("aggregating", ON_CREATE, RETURN, True),
+    ("value", DISABLED, NEVER, False),
+]
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+@pytest.mark.parametrize("backend", ["rocksdb", "remote0"], indirect=True)
+@pytest.mark.parametrize("case", ROCKSDB_SLICE, ids=_case_id)
+async def test_matrix_slice_on_rocksdb_and_the_batched_heap(backend, case):
+    await _check_case(backend, *case)
+
+
+# -- the rule and its boundary --------------------------------------------------------------
+
+async def _value_plan(backend: Any, config: ast.StateTtlConfig, plan_times: list[tuple[int, str]],
+                      *, event_time: bool = False, start: int = 0) -> list[Any]:
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update(ctx.timestamp if event_time else "w")
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await s.v.value()
+
+    plan = [At(t, write if op == "w" else read) for t, op in plan_times]
+    out, _ = await run(Steps(v=ast.ValueStateDescriptor("v", ttl=config)), backend, plan,
+                       event_time=event_time, start=start)
+    return out
+
+
+async def test_an_entry_expires_when_last_access_plus_ttl_reaches_now(backend):
+    out = await _value_plan(backend, ttl(100), [(5, "w"), (104, "r"), (105, "r")], start=5)
+    assert out == ["w", None]
+
+
+async def test_the_expiration_is_clamped_so_the_largest_ttl_never_expires(backend):
+    config = ttl(2**63 - 1)
+    out = await _value_plan(backend, config, [(10, "w"), (2**62, "r")])
+    assert out == ["w"]
+
+
+async def test_before_the_first_watermark_nothing_expires(backend):
+    config = ttl(1, event_time=True)
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update("x")
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await s.v.value()
+
+    async with make_operator(fn, backend, event_time=True) as op:
+        for ts, step in ((-(2**63), write), (-(2**63) + 5, read), (-10, read)):
+            await op.process(("k", step, ts))
+            await op.drain()
+        assert op.current_watermark() == -(2**63)
+        assert op.outputs() == ["x", "x"]
+
+
+async def test_event_time_stamps_the_record_timestamp_and_expires_by_the_watermark(backend):
+    # Written by a record stamped 50 while the watermark is 0: it lives until watermark 150.
+    config = ttl(100, event_time=True)
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update(ctx.timestamp)
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await s.v.value()
+
+    async with make_operator(fn, backend, event_time=True) as op:
+        await op.process(("k", write, 50))
+        for watermark in (149, 150):
+            await op.drain()
+            await op.advance_watermark(watermark)
+            await op.process(("k", read, 0))
+        await op.drain()
+        assert op.outputs() == [50, None]
+
+
+async def test_event_time_refresh_uses_the_reading_record_timestamp(backend):
+    config = ttl(100, event_time=True, update=ON_READ)
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update("x")
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await s.v.value()
+
+    async with make_operator(fn, backend, event_time=True) as op:
+        await op.process(("k", write, 0))
+        await op.process(("k", read, 90))  # refreshed to 90: lives until watermark 190
+        await op.drain()
+        await op.advance_watermark(180)
+        await op.process(("k", read, 0))
+        await op.drain()
+        await op.advance_watermark(190)
+        await op.process(("k", read, 0))
+        await op.drain()
+        assert op.outputs() == ["x", "x", None]
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"], indirect=True)
+async def test_event_time_write_without_a_timestamp_fails_naming_the_state(backend):
+    config = ttl(100, event_time=True)
+    fn = Steps(v=ast.ValueStateDescriptor("expiring", ttl=config))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update(1)
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await s.v.value()  # reading needs no access time (no refresh)
+
+    op = ast.KeyedOperator(fn, key_selector=lambda r: r[0], backend=backend,
+                           clock=ast.ManualClock())
+    with pytest.raises(ast.InvalidStateError,
+                       match=r"^state 'expiring' has event-time TTL, .* the record with key "
+                             r"'k' has none: give the operator a timestamp_selector"):
+        async with op:
+            await op.process(("k", read))
+            await op.drain()
+            assert op.outputs() == [None]
+            await op.process(("k", write))
+            await op.drain()
+
+
+# -- lists and maps: one by one -------------------------------------------------------------
+
+async def test_list_elements_expire_one_by_one(backend):
+    config = ttl(100)
+    fn = Steps(l=ast.ListStateDescriptor("l", ttl=config))
+
+    def add(v: Any) -> Any:
+        async def step(s: Any, ctx: Any) -> Any:
+            await s.l.add(v)
+            return NOTHING
+        return step
+
+    async def add_all(s: Any, ctx: Any) -> Any:
+        await s.l.add_all(["c", "d"])
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await (await s.l.get()).to_list()
+
+    plan = [At(0, add("a")), At(40, add("b")), At(80, add_all), At(100, read),
+            At(140, read), At(180, read)]
+    out, counts = await run(fn, backend, plan, counts=["l"])
+    assert out == [["b", "c", "d"], ["c", "d"], []]
+    assert counts == {"l": 0}
+
+
+async def test_list_update_stamps_every_element_and_refresh_rewrites_them_in_order(backend):
+    config = ttl(100, update=ON_READ)
+    fn = Steps(l=ast.ListStateDescriptor("l", ttl=config))
+
+    async def update(s: Any, ctx: Any) -> Any:
+        await s.l.update([3, 1, 2])
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await (await s.l.get()).to_list()
+
+    out, _ = await run(fn, backend, [At(0, update), At(90, read), At(180, read),
+                                     At(280, read)])
+    assert out == [[3, 1, 2], [3, 1, 2], []]
+
+
+async def test_map_entries_expire_one_by_one_in_every_read(backend):
+    config = ttl(100)
+    fn = Steps(m=ast.MapStateDescriptor("m", ttl=config))
+
+    def put(k: str) -> Any:
+        async def step(s: Any, ctx: Any) -> Any:
+            await s.m.put(k, k.upper())
+            return NOTHING
+        return step
+
+    async def put_all(s: Any, ctx: Any) -> Any:
+        await s.m.put_all({"c": "C", "d": "D"})
+        return NOTHING
+
+    async def look(s: Any, ctx: Any) -> Any:
+        return (sorted(await (await s.m.entries()).to_list()),
+                sorted(await (await s.m.keys()).to_list()),
+                sorted(await (await s.m.values()).to_list()),
+                await s.m.get("a"), await s.m.contains("b"), await s.m.is_empty())
+
+    plan = [At(0, put("a")), At(50, put("b")), At(60, put_all), At(100, look),
+            At(155, look), At(160, look)]
+    out, counts = await run(fn, backend, plan, counts=["m"])
+    assert out == [
+        ([("b", "B"), ("c", "C"), ("d", "D")], ["b", "c", "d"], ["B", "C", "D"], None, True,
+         False),
+        ([("c", "C"), ("d", "D")], ["c", "d"], ["C", "D"], None, False, False),
+        ([], [], [], None, False, True),
+    ]
+    assert counts == {"m": 0}
+
+
+async def test_map_is_empty_with_return_expired_sees_an_expired_entry_once(backend):
+    config = ttl(100, visibility=RETURN)
+    fn = Steps(m=ast.MapStateDescriptor("m", ttl=config))
+
+    async def put(s: Any, ctx: Any) -> Any:
+        await s.m.put("a", 1)
+        return NOTHING
+
+    async def empty(s: Any, ctx: Any) -> Any:
+        return await s.m.is_empty()
+
+    out, counts = await run(fn, backend, [At(0, put), At(200, empty), At(200, empty)],
+                            counts=["m"])
+    assert out == [False, True]
+    assert counts == {"m": 0}
+
+
+async def test_long_list_and_map_iterations_load_in_chunks_without_expired_items(backend):
+    # Chunks of 3: expired items between the visible ones never end a chunk early, and the
+    # next chunk starts after the last item returned.
+    config = ttl(100)
+    fn = Steps(l=ast.ListStateDescriptor("l", ttl=config),
+               m=ast.MapStateDescriptor("m", ttl=config))
+
+    def fill(start: int) -> Any:
+        async def step(s: Any, ctx: Any) -> Any:
+            for i in range(start, 20, 2):
+                await s.l.add(i)
+                await s.m.put(i, i)
+            return NOTHING
+        return step
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return (await (await s.l.get()).to_list(),
+                sorted(await (await s.m.keys()).to_list()))
+
+    plan = [At(0, fill(0)), At(50, fill(1)), At(120, read)]
+    out, _ = await run(fn, backend, plan, config=ast.AsyncStateConfig(iterator_chunk_size=3))
+    odd = list(range(1, 20, 2))
+    assert out == [(odd, odd)]
+
+
+# -- reducing and aggregating ---------------------------------------------------------------
+
+@pytest.mark.parametrize("visibility", [NEVER, RETURN], ids=["never", "return"])
+async def test_add_folds_into_an_expired_value_only_when_expired_values_are_returned(
+        backend, visibility):
+    config = ttl(100, visibility=visibility)
+    fn = Steps(r=ast.ReducingStateDescriptor("r", lambda a, b: a + b, ttl=config),
+               a=ast.AggregatingStateDescriptor("a", Sum(), ttl=config))
+
+    async def add(s: Any, ctx: Any) -> Any:
+        await s.r.add(5)
+        await s.a.add(5)
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return (await s.r.get(), await s.a.get())
+
+    out, _ = await run(fn, backend, [At(0, add), At(150, add), At(150, read),
+                                     At(240, read)])
+    # As in Flink: the add's own read treats an expired value as visibility says, and the
+    # add stamps the result with its own time.
+    expected = 10 if visibility is RETURN else 5
+    assert out == [(expected, expected), (expected, expected)]
+
+
+# -- order on the batched path --------------------------------------------------------------
+
+async def test_a_refreshing_read_then_an_update_without_awaiting_ends_with_the_update(backend):
+    config = ttl(100, update=ON_READ)
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update(1)
+        return NOTHING
+
+    async def read_then_update(s: Any, ctx: Any) -> Any:
+        first = s.v.value()
+        s.v.update(5)
+        second = s.v.value()  # answered after the update, in issue order
+        return (await first, await second)
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await s.v.value()
+
+    out, _ = await run(fn, backend, [At(0, write), At(50, read_then_update), At(140, read)])
+    assert out == [(1, 5), 5]
+
+
+async def test_writes_then_reads_of_one_map_without_awaiting_see_each_other(backend):
+    config = ttl(100, update=ON_READ)
+    fn = Steps(m=ast.MapStateDescriptor("m", ttl=config))
+
+    async def steps(s: Any, ctx: Any) -> Any:
+        s.m.put("a", 1)
+        entries = s.m.entries()
+        got = s.m.get("a")
+        s.m.remove("a")
+        gone = s.m.contains("a")
+        s.m.put("b", 2)
+        empty = s.m.is_empty()
+        return (await (await entries).to_list(), await got, await gone, await empty)
+
+    out, counts = await run(fn, backend, [At(0, steps)], counts=["m"])
+    assert out == [([("a", 1)], 1, False, False)]
+    assert counts == {"m": 1}
+
+
+@pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)
+async def test_two_refreshing_reads_of_one_key_in_one_batch_see_the_first_refresh(backend):
+    # Both reads go to one multi-get; the second one (issued at 150) must find the entry as
+    # the first one (at 90) left it, refreshed until 190, not as the multi-get read it.
+    config = ttl(100, update=ON_READ)
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update("x")
+        return NOTHING
+
+    async with make_operator(fn, backend, config=ast.AsyncStateConfig(batch_size=10)) as op:
+        await play(op, [At(0, write)])
+        await op.advance_processing_time(90)
+
+        async def two_reads(s: Any, ctx: Any) -> Any:
+            first = s.v.value()
+            op.clock.set(150)
+            second = s.v.value()
+            return (await first, await second)
+
+        await op.process(("k", two_reads, 0))
+        await op.drain()
+        assert op.outputs() == [("x", "x")]
+        assert stored_entries(backend, "v") == 1
+
+
+# -- disabled, and the config ---------------------------------------------------------------
+
+async def test_update_type_disabled_stores_plain_values(backend, tmp_path):
+    config = ttl(1, update=DISABLED)
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update("x")
+        return NOTHING
+
+    async with make_operator(fn, backend) as op:
+        await play(op, [At(0, write)])
+        path = await op.snapshot(tmp_path / "chk", 1)
+        assert type(fn.s.v) is ast.ValueState
+    assert open_checkpoint(path).state_ttl == {}
+
+
+def test_builder_defaults_and_setters_follow_flink():
+    config = ast.StateTtlConfig.new_builder(1000).build()
+    assert (config.ttl_ms, config.update_type, config.state_visibility,
+            config.ttl_time_characteristic, config.cleanup_full_snapshot,
+            config.incremental_cleanup, config.compact_filter_cleanup,
+            config.cleanup_in_background) == (
+        1000, ON_CREATE, NEVER, ast.TtlTimeCharacteristic.PROCESSING_TIME, False, None,
+        None, True)
+    built = (ast.StateTtlConfig.new_builder(5).set_update_type(ON_READ)
+             .set_state_visibility(RETURN)
+             .set_ttl_time_characteristic(ast.TtlTimeCharacteristic.EVENT_TIME)
+             .cleanup_full_snapshot().cleanup_incrementally(7, True)
+             .cleanup_in_rocksdb_compact_filter(50).disable_cleanup_in_background()
+             .set_ttl(6).build())
+    assert (built.ttl_ms, built.update_type, built.state_visibility,
+            built.ttl_time_characteristic, built.cleanup_full_snapshot,
+            built.incremental_cleanup.cleanup_size,
+            built.incremental_cleanup.run_cleanup_for_every_record,
+            built.compact_filter_cleanup.query_time_after_num_entries,
+            built.cleanup_in_background) == (
+        6, ON_READ, RETURN, ast.TtlTimeCharacteristic.EVENT_TIME, True, 7, True, 50, False)
+    # The defaults a backend runs when cleanup in background is on and nothing is named.
+    assert config.effective_incremental_cleanup(background_cleaner=False).cleanup_size == 5
+    assert config.effective_incremental_cleanup(background_cleaner=True) is None
+    assert config.effective_compact_filter_cleanup(
+        background_cleaner=True).query_time_after_num_entries == 1000
+    assert built.effective_compact_filter_cleanup(background_cleaner=False) is None
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: ast.StateTtlConfig.new_builder(0),
+     r"^ttl_ms must be in \[1, 9223372036854775807\], got 0$"),
+    (lambda: ast.StateTtlConfig.new_builder(True), r"^ttl_ms must be an int in \[1, "),
+    (lambda: ast.StateTtlConfig.new_builder(2**63), r"^ttl_ms must be in \[1, "),
+    (lambda: ast.StateTtlConfig.new_builder(1).set_update_type("on_read_and_write"),
+     r"^update_type must be one of ast\.UpdateType\.DISABLED, "),
+    (lambda: ast.StateTtlConfig.new_builder(1).set_state_visibility(None),
+     r"^state_visibility must be one of ast\.StateVisibility\."),
+    (lambda: ast.StateTtlConfig.new_builder(1).set_ttl_time_characteristic(1),
+     r"^ttl_time_characteristic must be one of ast\.TtlTimeCharacteristic\."),
+    (lambda: ast.StateTtlConfig.new_builder(1).cleanup_incrementally(0, False),
+     r"^cleanup_size must be >= 1, got 0$"),
+    (lambda: ast.StateTtlConfig.new_builder(1).cleanup_incrementally(5, 1),
+     r"^run_cleanup_for_every_record must be a bool, got 1$"),
+    (lambda: ast.StateTtlConfig.new_builder(1).cleanup_in_rocksdb_compact_filter(0),
+     r"^query_time_after_num_entries must be >= 1, got 0$"),
+    (lambda: ast.ValueStateDescriptor("v", ttl=ast.StateTtlConfig.new_builder(1)),
+     r"^ttl_config must be a StateTtlConfig \(call \.build\(\) on the builder\), got "),
+])
+def test_invalid_configs_name_the_option(call, message):
+    with pytest.raises(ast.ConfigError, match=message):
+        call()
+
+
+async def test_a_backend_without_ttl_support_refuses_a_ttl_state_naming_it():
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=ttl(10)))
+    executor = ManualExecutor()
+    with pytest.raises(ast.ConfigError, match=r"^ttl_config must be None for state 'v': "
+                                              r"ManualExecutor cannot store TTL state"):
+        async with ast.KeyedOperator(fn, key_selector=lambda r: r[0], backend=executor):
+            pass
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"], indirect=True)
+async def test_ttl_states_are_the_state_classes_of_their_kind(backend):
+    config = ttl(10)
+    fn = Steps(value=ast.ValueStateDescriptor("value", ttl=config),
+               list=ast.ListStateDescriptor("list", ttl=config),
+               map=ast.MapStateDescriptor("map", ttl=config),
+               reducing=ast.ReducingStateDescriptor("reducing", max, ttl=config),
+               aggregating=ast.AggregatingStateDescriptor("aggregating", Sum(), ttl=config))
+    async with make_operator(fn, backend):
+        s = fn.s
+        assert isinstance(s.value, ast.ValueState)
+        assert isinstance(s.list, ast.ListState)
+        assert isinstance(s.map, ast.MapState)
+        assert isinstance(s.reducing, ast.ReducingState)
+        assert isinstance(s.aggregating, ast.AggregatingState)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)
+async def test_refreshes_kept_back_on_rocksdb_are_written_or_overwritten_in_order(backend):
+    # A refresh found by a point read is written a few batches later unless a write of the
+    # key overwrites it meanwhile: neither may bring back what a later write removed, and a
+    # refresh left alone must last (also across closing the directory).
+    config = ttl(100, update=ON_READ)
+    fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config),
+               m=ast.MapStateDescriptor("m", ttl=config),
+               other=ast.ValueStateDescriptor("other"))
+
+    async def write(s: Any, ctx: Any) -> Any:
+        await s.v.update("x")
+        await s.m.put("a", 1)
+        return NOTHING
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return (await s.v.value(), await s.m.get("a"))
+
+    async def remove(s: Any, ctx: Any) -> Any:
+        await s.v.clear()
+        await s.m.clear()
+        return NOTHING
+
+    async def other(s: Any, ctx: Any) -> Any:
+        await s.other.update(1)
+        return NOTHING
+
+    idle = [At(90, other, key=i) for i in range(8)]  # batches that age the refreshes
+    async with make_operator(fn, backend) as op:
+        out = await play(op, [At(0, write, key="kept"), At(0, write, key="removed"),
+                              At(90, read, key="kept"), At(90, read, key="removed"),
+                              At(90, remove, key="removed"), *idle,
+                              At(180, read, key="kept"), At(180, read, key="removed")])
+        assert out == [("x", 1), ("x", 1), ("x", 1), (None, None)]
+        await play(op, [At(185, read, key="kept")])  # refreshed to 185, kept back
+    directory = backend.path
+    out, _ = await run(fn, ast.RocksDBBackend(directory),
+                       [At(280, read, key="kept"), At(290, read, key="removed")], start=280)
+    assert out == [("x", 1), (None, None)]
+
+
+@pytest.mark.parametrize("ts", [0, 1, 2**40, 2**62 - 1, 2**62, 2**63 - 1, -1, -(2**63)])
+def test_timestamped_bytes_carry_any_int64_timestamp_and_are_one_msgpack_value(ts):
+    from asyncstate.serde import decode_value
+    from asyncstate.state.ttl.layout import HEADER_SIZE, encode, timestamp_of
+
+    data = encode(ts, b"\xa1x")
+    assert timestamp_of(data) == ts
+    assert data[HEADER_SIZE:] == b"\xa1x"
+    assert decode_value(data) == [ts, "x"]  # checkpoints read it as the pair
+    with pytest.raises(ValueError, match=r"^stored bytes b'\\x92\\x05x' are not a "):
+        timestamp_of(b"\x92\x05x")
