@@ -34,8 +34,8 @@ __all__ = [
     "COMPILED_MODULES",
     "PURE_PYTHON_ENV",
     "STAMP_NAME",
-    "compiled_build_available",
     "mode",
+    "problems",
     "select",
     "write_stamp",
 ]
@@ -134,10 +134,11 @@ def _problems() -> list[str]:
     return problems
 
 
-def compiled_build_available() -> bool:
-    """True when the compiled modules are built and up to date with their sources (whatever
-    this process chose to run)."""
-    return not _problems()
+def problems() -> list[str]:
+    """Why the compiled modules of this install cannot be used: [] when they can (whatever
+    `ASYNCSTATE_PURE_PYTHON` says); the set-up scripts ask it before reusing an install."""
+    found = _problems()
+    return ["no module is compiled" if p == "" else p for p in found]
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):

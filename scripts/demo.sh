@@ -1,20 +1,12 @@
 #!/usr/bin/env bash
-# Install asyncstate into ./.venv (created when missing) and run the demo job on the default
-# (embedded heap) backend. Extra arguments are passed to the demo.
+# Run the demo job (`asyncstate demo`): the same job on the heap backend and on RocksDB side
+# by side. Installs asyncstate into ./.venv first unless the install there is up to date
+# (scripts/install.py decides). Extra arguments are passed to the demo, e.g.
+# `bash scripts/demo.sh --backend all`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-fi
-# pip's build backend prints harmless warnings even with -q; show its log only on failure.
-log="$(mktemp)"
-if ! .venv/bin/python -m pip install -q -e . >"$log" 2>&1; then
-    cat "$log" >&2
-    rm -f "$log"
-    exit 1
-fi
-rm -f "$log"
-exec .venv/bin/python -m asyncstate.demo "$@"
+"${PYTHON:-python3}" scripts/install.py --extras rocksdb
+exec .venv/bin/python -m asyncstate demo "$@"

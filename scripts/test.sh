@@ -1,27 +1,25 @@
 #!/usr/bin/env bash
-# Install the test dependencies into ./.venv (created when missing) and run the test suite
-# twice: on the compiled hot-path modules, then on their Python sources (the reference
-# implementation, see asyncstate/_compiled.py).
+# Run the test suite twice: on the compiled hot-path modules, then on their Python sources
+# (the reference implementation, see asyncstate/_compiled.py). Installs asyncstate with its
+# test dependencies into ./.venv first unless the install there is up to date
+# (scripts/install.py decides).
 # Extra arguments are passed to pytest, e.g. `bash scripts/test.sh -k buffer -x`.
+# With ASYNCSTATE_PURE_PYTHON=1 only the Python-sources run happens, and nothing is compiled.
 set -euo pipefail
-# The install compiles the hot path; the first run below must test that build.
-unset ASYNCSTATE_PURE_PYTHON
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-fi
-# pip's build backend prints harmless warnings even with -q; show its log only on failure.
-log="$(mktemp)"
-if ! .venv/bin/python -m pip install -q -e '.[test]' >"$log" 2>&1; then
-    cat "$log" >&2
-    rm -f "$log"
-    exit 1
-fi
-rm -f "$log"
-echo "== tests on the compiled modules"
-ASYNCSTATE_EXPECT_IMPLEMENTATION=compiled .venv/bin/python -m pytest "$@"
+case "${ASYNCSTATE_PURE_PYTHON:-}" in
+    "" | 0)
+        unset ASYNCSTATE_PURE_PYTHON
+        "${PYTHON:-python3}" scripts/install.py --extras test --require-compiled
+        echo "== tests on the compiled modules"
+        ASYNCSTATE_EXPECT_IMPLEMENTATION=compiled .venv/bin/python -m pytest "$@"
+        ;;
+    *)
+        "${PYTHON:-python3}" scripts/install.py --extras test
+        ;;
+esac
 echo "== tests on the Python sources (ASYNCSTATE_PURE_PYTHON=1)"
 ASYNCSTATE_PURE_PYTHON=1 ASYNCSTATE_EXPECT_IMPLEMENTATION=python .venv/bin/python -m pytest "$@"

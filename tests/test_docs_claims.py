@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import structlog.testing
+import pytest
 
 import asyncstate as ast
 import asyncstate.log as aslog
@@ -126,7 +126,8 @@ def test_manifest_has_the_documented_fields(tmp_path: Path) -> None:
         [manifest["data_file"], "_MANIFEST.json"])
 
 
-def test_snapshot_and_restore_log_their_events(tmp_path: Path) -> None:
+def test_snapshot_and_restore_log_their_events(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # checkpoints.md:196-198: write_snapshot logs checkpoint.part_written (path, data file,
     # key groups, bytes, seconds), restore_snapshot logs checkpoint.restored (path, key group
     # range, key groups, records, seconds), both at info level through asyncstate.log.
@@ -137,21 +138,20 @@ def test_snapshot_and_restore_log_their_events(tmp_path: Path) -> None:
     saved = aslog._threshold
     aslog.set_level("info")
     try:
-        with structlog.testing.capture_logs() as logs:
-            cksnap.write_snapshot(backend, ast.checkpoint_path(tmp_path, 1), parallelism=1,
-                                  operator_index=0, max_parallelism=128)
-            cksnap.restore_snapshot(ast.HeapBackend(),
-                                    ckfmt.open_checkpoint(ast.checkpoint_path(tmp_path, 1)),
-                                    ast.KeyGroupRange(0, 127), 128)
+        cksnap.write_snapshot(backend, ast.checkpoint_path(tmp_path, 1), parallelism=1,
+                              operator_index=0, max_parallelism=128)
+        cksnap.restore_snapshot(ast.HeapBackend(),
+                                ckfmt.open_checkpoint(ast.checkpoint_path(tmp_path, 1)),
+                                ast.KeyGroupRange(0, 127), 128)
     finally:
         aslog._threshold = saved
-    by_event = {e["event"]: e for e in logs}
-    written = by_event["checkpoint.part_written"]
-    assert written["log_level"] == "info"
+    by_event = {r.asyncstate_event: r for r in caplog.records}
+    assert by_event["checkpoint.part_written"].levelname == "INFO"
+    assert by_event["checkpoint.restored"].levelname == "INFO"
+    written = by_event["checkpoint.part_written"].asyncstate_fields
     assert {"path", "data_file", "key_groups", "bytes", "seconds"} <= written.keys()
     assert written["key_groups"] == 1
-    restored = by_event["checkpoint.restored"]
-    assert restored["log_level"] == "info"
+    restored = by_event["checkpoint.restored"].asyncstate_fields
     assert {"path", "first_key_group", "last_key_group", "key_groups", "records",
             "seconds"} <= restored.keys()
     assert (restored["first_key_group"], restored["last_key_group"]) == (0, 127)

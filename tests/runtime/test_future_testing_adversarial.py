@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
 
 import asyncstate as ast
 import asyncstate.log as aslog
@@ -672,21 +671,23 @@ def test_set_level_refuses_unknown_levels_with_config_error(bad: Any) -> None:
 
 
 @pytest.mark.usefixtures("_restore_log_level")
-def test_set_level_is_case_insensitive_idempotent_and_filters() -> None:
+def test_set_level_is_case_insensitive_idempotent_and_filters(
+        caplog: pytest.LogCaptureFixture) -> None:
     log = aslog.get_logger("asyncstate.adversarial")
     aslog.set_level("ERROR")
     aslog.set_level("error")
-    with capture_logs() as logs:
-        log.debug("d")
-        log.info("i")
-        log.warning("w")
-        log.error("e", field=1)
-    assert [(e["event"], e["log_level"]) for e in logs] == [("e", "error")]
-    assert logs[0]["field"] == 1
+    caplog.set_level(logging.DEBUG)
+    log.debug("d")
+    log.info("i")
+    log.warning("w")
+    log.error("e", field=1)
+    logs = [r for r in caplog.records if r.name == "asyncstate.adversarial"]
+    assert [(r.asyncstate_event, r.levelname) for r in logs] == [("e", "ERROR")]
+    assert logs[0].asyncstate_fields == {"field": 1}
+    caplog.clear()
     aslog.set_level("Debug")
-    with capture_logs() as logs:
-        log.debug("d")
-    assert [e["event"] for e in logs] == ["d"]
+    log.debug("d")
+    assert [r.asyncstate_event for r in caplog.records] == ["d"]
 
 
 @pytest.mark.timeout(60)
