@@ -32,6 +32,9 @@ checks once when it opens (`BackendCapabilities.of`), never by probing attribute
 - `WrappingBackend`: wraps another backend that holds the state (checkpoints go to it).
 - `TimerStoreBackend`: keeps the operator's timers in its own storage (RocksDB column
   families) instead of in memory.
+- `CachingBackend`: may keep a `StateCache` (`asyncstate.backends.cache`) in front of its
+  storage; a controller talking to it directly lets the cache answer at issue time, and a
+  restore empties every cache on the way to the backend holding the state.
 
 `fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial
 batches are kept back (they grow) instead of being sent early for a waiter; full batches are
@@ -57,11 +60,13 @@ from asyncstate.runtime.requests import (
 )
 
 if TYPE_CHECKING:
+    from asyncstate.backends.cache import StateCache
     from asyncstate.keygroups import KeyGroupRange
 
 __all__ = [
     "BackendCapabilities",
     "BatchDelivery",
+    "CachingBackend",
     "ExecutorBinding",
     "GroupedSnapshotBackend",
     "ImmediateExecutor",
@@ -193,6 +198,15 @@ class TimerStoreBackend(Protocol):
         None when this backend keeps timers in memory. Called after any restore's discard."""
 
 
+@runtime_checkable
+class CachingBackend(Protocol):
+    """A backend that may keep a state cache in front of its storage."""
+
+    @property
+    def state_cache(self) -> StateCache | None:
+        """The cache, or None when this backend runs without one."""
+
+
 _SNAPSHOT_METHODS = ("registered_states", "register_state", "snapshot_key_group",
                      "restore_key_group")
 _MAX_WRAPPERS = 16
@@ -206,7 +220,8 @@ class BackendCapabilities:
     time, else None. `store`: the backend holding the state for checkpoints (the backend
     itself, or the one a `WrappingBackend` wraps), None when it is no `SnapshotBackend`
     (`missing` then names the methods it lacks). `grouped`, `restorable` and `timers`: the
-    backend holding the state as those Protocols, or None.
+    backend holding the state as those Protocols, or None. `caches`: the state cache of
+    the backend and of every backend it wraps, outermost first.
     """
 
     backend: StateExecutor
@@ -216,6 +231,7 @@ class BackendCapabilities:
     restorable: RestorableBackend | None
     timers: TimerStoreBackend | None
     missing: tuple[str, ...]
+    caches: tuple[StateCache, ...] = ()
 
     @classmethod
     def of(cls, backend: StateExecutor) -> BackendCapabilities:
@@ -223,7 +239,11 @@ class BackendCapabilities:
         immediate = backend if isinstance(backend, ImmediateExecutor) \
             and backend.completes_at_issue else None
         held: object = backend
+        caches: list[StateCache] = []
         for _ in range(_MAX_WRAPPERS):  # wrappers of wrappers, never a cycle
+            cache = held.state_cache if isinstance(held, CachingBackend) else None
+            if cache is not None:
+                caches.append(cache)
             if not isinstance(held, WrappingBackend):
                 break
             held = held.checkpoint_backend
@@ -231,9 +251,10 @@ class BackendCapabilities:
         if isinstance(held, SnapshotBackend):
             return cls(backend, immediate, held,
                        held if isinstance(held, GroupedSnapshotBackend) else None,
-                       held if isinstance(held, RestorableBackend) else None, timers, ())
+                       held if isinstance(held, RestorableBackend) else None, timers, (),
+                       tuple(caches))
         missing = tuple(m for m in _SNAPSHOT_METHODS if not callable(getattr(held, m, None)))
-        return cls(backend, immediate, None, None, None, timers, missing)
+        return cls(backend, immediate, None, None, None, timers, missing, tuple(caches))
 
     def checkpoint_store(self, path: str) -> SnapshotBackend:
         """`store`, or CheckpointError naming the checkpoint at `path` and what is missing."""

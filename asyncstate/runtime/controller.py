@@ -6,8 +6,9 @@ The controller wires a request buffer, a key accounting unit and an epoch manage
 1. A record context becomes *in flight* with its first request or sync point, if capacity
    allows (`max_in_flight`); otherwise its requests wait for capacity, in order.
 2. An in-flight context that holds its key sends requests to the active queue (or, with an
-   immediate executor, completes them at once); one that does not hold its key parks them
-   in the key's blocking queue.
+   immediate executor, completes them at once; with a caching executor, its cache answers
+   what it can at once); one that does not hold its key parks them in the key's blocking
+   queue.
 3. The active queue goes out as a batch when it reaches `batch_size`, on the buffer
    timeout, or at once while anyone waits for progress (`wait_until`, drains).
 4. When a context's references drop to zero it is disposed: its key passes to the next
@@ -28,10 +29,17 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from asyncstate.backends.base import ExecutorBinding, ImmediateExecutor, StateExecutor
+from asyncstate.backends.base import (
+    CachingBackend,
+    ExecutorBinding,
+    ImmediateExecutor,
+    StateExecutor,
+)
+from asyncstate.backends.cache import MISS, StateCache
 from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
 from asyncstate.errors import InvalidStateError
 from asyncstate.log import get_logger
+from asyncstate.runtime.batch_stats import BatchStats
 from asyncstate.runtime.buffer import StateRequestBuffer, TimeoutScheduler
 from asyncstate.runtime.context import (
     _CURRENT,
@@ -62,6 +70,7 @@ _ENTER_AND_RUN: Final = _enter_and_run
 log = get_logger("asyncstate.controller")
 
 _SYNC_POINT: Final = StateRequestType.SYNC_POINT  # compiled: Final alias
+_MISS: Final = MISS  # compiled: Final alias
 _current_task: Final = asyncio.current_task  # compiled: Final alias
 _monotonic: Final = time.monotonic  # compiled: Final alias
 _get_running_loop: Final = asyncio._get_running_loop  # compiled: Final alias
@@ -91,6 +100,12 @@ class AsyncExecutionController:
             and executor.completes_at_issue else None
         self._immediate = immediate
         self._immediate_ops = immediate.immediate_ops if immediate is not None else None
+        # A cache in front of the executor answers at issue time what it can (checked once).
+        cache = executor.state_cache if immediate is None \
+            and isinstance(executor, CachingBackend) else None
+        if cache is not None:
+            cache.serve_at_issue()
+        self._cache: StateCache | None = cache
         self._buffer = StateRequestBuffer(timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
@@ -113,6 +128,7 @@ class AsyncExecutionController:
         self.requests = 0
         self.max_batch_size = 0
         self.batches_in_executor = 0
+        self.batch_stats = BatchStats()
         executor.open(ExecutorBinding(loop=loop, deliver=self._deliver,
                                       iterator_chunk_size=chunk_size,
                                       max_parallelism=self.max_parallelism))
@@ -201,6 +217,18 @@ class AsyncExecutionController:
                 fut._state = _DONE
                 fut._result = result
                 return fut
+            cache = self._cache
+            if cache is not None:
+                try:
+                    result = cache.answer(state, request_type, payload, ctx.key_bytes, ns)
+                except Exception as exc:  # noqa: BLE001 - a cache failure fails the run
+                    self.fail(exc)
+                    return failed_future(exc)
+                if result is not _MISS:  # a hit: no request, as with an immediate executor
+                    fut = StateFuture()
+                    fut._state = _DONE
+                    fut._result = result
+                    return fut
             fut = StateFuture(ctx)
             self._enqueue_active(StateRequest(state, request_type, payload, ns, ctx, fut))
             return fut
@@ -318,6 +346,19 @@ class AsyncExecutionController:
                 return
             request.future._complete(result)
             return
+        cache = self._cache
+        if cache is not None:
+            try:
+                result = cache.answer(request.state,  # type: ignore[arg-type]
+                                      request.request_type, request.payload,
+                                      request.context.key_bytes, request.namespace)
+            except Exception as exc:  # noqa: BLE001 - a cache failure fails the run
+                self.fail(exc)
+                request.future._fail(exc)
+                return
+            if result is not _MISS:
+                request.future._complete(result)
+                return
         self._enqueue_active(request)
 
     def _execute_now(self, state: Any, request_type: StateRequestType, payload: Any,
@@ -357,6 +398,7 @@ class AsyncExecutionController:
         self._in_executor[id(batch)] = batch
         if len(batch) > self.max_batch_size:
             self.max_batch_size = len(batch)
+        self.batch_stats.sent(batch)
         try:
             self._executor.execute_batch(batch)
         except Exception as exc:  # noqa: BLE001 - a broken executor fails the run
@@ -366,6 +408,7 @@ class AsyncExecutionController:
         """Fail the run with `exc` and every request of `batch` with it."""
         if self._in_executor.pop(id(batch), None) is not None:
             self.batches_in_executor -= 1
+        self.batch_stats.dropped(batch)
         self.fail(exc)
         for request in batch:
             fut = request.future
@@ -408,6 +451,7 @@ class AsyncExecutionController:
             return
         del self._in_executor[id(batch)]
         self.batches_in_executor -= 1
+        self.batch_stats.delivered(batch)
         escaped: BaseException | None = None
         for i in range(len(batch)):  # compiled: index loop (lengths checked above)
             try:
@@ -603,6 +647,7 @@ class AsyncExecutionController:
         for batch in self._in_executor.values():
             requests.extend(batch)
         self._in_executor.clear()
+        self.batch_stats.clear()
         for parked in self._parked.values():
             requests.extend(parked)
         self._parked.clear()
@@ -647,6 +692,11 @@ class AsyncExecutionController:
     def occupied_key_num(self) -> int:
         """Keys held by a record."""
         return self._kau.occupied_count()
+
+    @property
+    def state_cache(self) -> StateCache | None:
+        """The executor's cache when it answers at issue time, else None."""
+        return self._cache
 
     @property
     def parked_context_num(self) -> int:
