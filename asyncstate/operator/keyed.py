@@ -110,6 +110,7 @@ class KeyedOperator:
             max_parallelism=config.max_parallelism,
             iterator_chunk_size=config.iterator_chunk_size,
             time_records=config.record_timeout_ms is not None)
+        controller.add_failure_listener(self._log_failure)
         if config.record_timeout_ms is not None:
             self._watchdog = RecordWatchdog(asyncio.get_running_loop(), controller,
                                             config.record_timeout_ms)
@@ -180,7 +181,9 @@ class KeyedOperator:
         if self._watchdog is not None:
             self._watchdog.start()
         log.debug("operator.open", function=type(self.function).__name__,
-                  index=self.operator_index, parallelism=self.parallelism)
+                  index=self.operator_index, parallelism=self.parallelism,
+                  backend=type(self.backend).__name__,
+                  restored_from=None if self.restore_from is None else str(self.restore_from))
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -214,6 +217,14 @@ class KeyedOperator:
         if self._state == "closed":
             return
         opened, self._state = self._state != "new", "closed"
+        if opened:
+            metrics = self.metrics
+            log.debug("operator.closed", function=type(self.function).__name__,
+                      index=self.operator_index, records=metrics["records_done"],
+                      batches=metrics["batches"], requests=metrics["requests"],
+                      blocked_seconds=round(metrics["blocked_seconds"], 6),
+                      failed=self._controller is not None
+                      and self._controller.failure is not None)
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._timers is not None:
@@ -235,6 +246,10 @@ class KeyedOperator:
                 gc_threshold.release(self._gc_threshold)
             self.backend.close()
         await functions.settle(closed)
+
+    def _log_failure(self, exc: BaseException) -> None:
+        log.info("operator.failed", function=type(self.function).__name__,
+                 index=self.operator_index, error=repr(exc))
 
     def _ready(self) -> AsyncExecutionController:
         """The controller, if the operator takes calls now; else the reason it does not."""
@@ -357,8 +372,10 @@ class KeyedOperator:
 
     @property
     def metrics(self) -> dict[str, Any]:
-        """Counters of this operator (see docs/api.md)."""
-        return operator_metrics(self._controller, self._gate)
+        """Counters, gauges and histograms of this operator (`asyncstate.operator.metrics`
+        lists them; docs/metrics.md explains them)."""
+        caches = self._capabilities.caches if self._capabilities is not None else ()
+        return operator_metrics(self._controller, self._gate, caches)
 
     def _started(self, part: _P | None) -> _P:
         if part is None:
