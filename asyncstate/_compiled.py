@@ -70,6 +70,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.runtime.epoch",
     "asyncstate.runtime.future",
     "asyncstate.runtime.key_accounting",
+    "asyncstate.runtime.occupancy",
     "asyncstate.runtime.requests",
     "asyncstate.serde",
     "asyncstate.state.base",

@@ -17,7 +17,7 @@ name), `index` (the operator index) and any given to `add`::
 Names: counters ``asyncstate_<name>_total`` (records_in, records_done, batches, requests,
 slow_batches, cache_hits, cache_misses, cache_evictions, and blocked_seconds), gauges
 ``asyncstate_<name>`` (in_flight, in_flight_peak, num_in_flight_records, active_buffer_size,
-blocking_buffer_size, num_blocking_keys, batches_in_executor, max_batch_size,
+blocking_buffer_size, num_blocking_keys, batches_in_executor, buffered_writes, max_batch_size,
 cache_entries, cache_hit_rate), histograms ``asyncstate_batch_size`` (requests per executor
 call) and ``asyncstate_request_latency_seconds`` (a request's time in the executor).
 """
@@ -68,6 +68,7 @@ _GAUGES = {
     "blocking_buffer_size": "Requests waiting for their key (Flink blockingBufferSize).",
     "num_blocking_keys": "Keys with requests waiting (Flink numBlockingKeys).",
     "batches_in_executor": "Batches sent and not yet delivered.",
+    "buffered_writes": "Writes completed at issue time that the store has not applied yet.",
     "max_batch_size": "Most requests in one executor call.",
     "cache_entries": "Entries in the state cache.",
     "cache_hit_rate": "Cache hits over reads that reached the cache.",

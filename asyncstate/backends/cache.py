@@ -8,17 +8,21 @@ The cache holds, per (state, key, namespace), what it knows exactly:
 - map state: some user keys' values or absence, or every entry (`complete`).
 
 Every request passes through `answer` once, in the order the key's requests take effect: a
-write updates the cache and goes on to the backend (write-through); a read that the cache
-can answer exactly is answered (a hit: no backend call); any other read goes on to the
-backend (a miss), and its result fills the cache when it comes back, unless a write to the
-same entry was answered meanwhile (the result would be stale). So the cache never answers
-other than the backend would, and each executor's ordering promise holds.
+write updates the cache and goes on to the backend (write-through: `BUFFERED`); a read that
+the cache can answer exactly is answered (a hit: no backend call); any other read goes on
+to the backend (a miss: `MISS`), and its result fills the cache when it comes back, unless
+a write to the same entry was answered meanwhile (the result would be stale). So the cache
+never answers other than the backend would, and each executor's ordering promise holds.
 
 Where `answer` runs:
 
 1. At issue time, when the controller talks to the caching backend directly (it finds the
    cache through `CachingBackend` and calls `serve_at_issue`): a hit completes the request
-   there, as the heap backend does, and only writes and misses become batch requests.
+   there, as the heap backend does, and only writes and misses become batch requests. The
+   controller may also complete a write at once (`BUFFERED`) and send it on without holding
+   up its record: every later request of the same state passes this cache first and
+   reaches the backend after that write, so nobody can tell, except by the time it takes
+   (the operator's drain waits until the backend has applied every write).
 2. Otherwise at trigger time, inside `execute_batch`: hits are answered, the rest of the
    batch goes to the backend in its order, and the batch is delivered once that part is.
 
@@ -46,7 +50,7 @@ from asyncstate.runtime.requests import (
 )
 from asyncstate.serde import canonical_key, decode_key, decode_value
 
-__all__ = ["MISS", "StateCache"]
+__all__ = ["BUFFERED", "MISS", "StateCache"]
 
 
 class _Marker:
@@ -59,7 +63,8 @@ class _Marker:
         return self.name
 
 
-MISS: Final = _Marker("MISS")  # `answer`: the request goes to the backend
+MISS: Final = _Marker("MISS")  # `answer`: a read the backend answers
+BUFFERED: Final = _Marker("BUFFERED")  # `answer`: a write, cached, that goes on to the backend
 _ABSENT: Final = _Marker("ABSENT")  # a cached entry, or map user key, known to hold nothing
 _UNKNOWN: Final = _Marker("UNKNOWN")  # dict.get default: nothing cached
 
@@ -240,7 +245,7 @@ class StateCache:
                 result = self.answer(request.state, request.request_type,  # type: ignore[arg-type]
                                      request.payload, request.context.key_bytes,
                                      request.namespace)
-                if result is MISS:
+                if result is MISS or result is BUFFERED:
                     sent.append(request)
                     slots.append(i)
                 else:
@@ -396,8 +401,9 @@ class StateCache:
 
     def answer(self, state: RequestState, request_type: StateRequestType, payload: Any,
                key_bytes: bytes, namespace: bytes) -> Any:
-        """Apply one request to the cache: the result of a read it can answer, else `MISS`
-        (writes always go on to the backend: the cache is write-through)."""
+        """Apply one request to the cache: the result of a read it can answer, `MISS` for
+        a read it cannot, `BUFFERED` for a write (the cache holds its effect; it must go on
+        to the backend: the cache is write-through)."""
         t = request_type
         if t is _LOADING:
             continuation = payload[1]
@@ -416,12 +422,12 @@ class StateCache:
         if t is _VALUE_UPDATE or t is _REDUCING_ADD or t is _AGGREGATING_ADD:
             self._written(key)
             self._put(key, _ABSENT if payload is None else payload, 1)
-            return MISS
+            return BUFFERED
         if t in _READS:
             return self._answer_read(key, t, payload)
         self._written(key)
         self._write(key, t, payload, state.kind)
-        return MISS
+        return BUFFERED
 
     def _answer_read(self, key: EntryKey, t: StateRequestType, payload: Any) -> Any:
         entry = self._known(key)

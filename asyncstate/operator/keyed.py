@@ -35,6 +35,7 @@ from asyncstate.runtime import gc_threshold
 from asyncstate.runtime.context import RecordContext, current_context
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
+from asyncstate.runtime.occupancy import Occupancy
 from asyncstate.timers.service import (
     TimerService,
     TimerServiceView,
@@ -319,11 +320,13 @@ class KeyedOperator:
     # -- progress --------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait until no record is in flight (partial batches are sent at once)."""
+        """Wait until no record is in flight and the store has applied every write
+        (partial batches are sent at once)."""
         controller = self._ready_to_wait("drain()")
         gate = self._gate
         assert gate is not None
-        await controller.wait_until(lambda: gate.in_flight == 0)
+        await controller.wait_until(
+            lambda: gate.in_flight == 0 and controller.buffered_writes == 0)
 
     async def advance_watermark(self, timestamp: object) -> None:
         """Advance event time; returns after every earlier record has finished and every
@@ -376,6 +379,15 @@ class KeyedOperator:
         lists them; docs/metrics.md explains them)."""
         caches = self._capabilities.caches if self._capabilities is not None else ()
         return operator_metrics(self._controller, self._gate, caches)
+
+    def measure_occupancy(self) -> Occupancy:
+        """Start integrating the records admitted and not finished over time (while running;
+        two clock readings per record from now on): `mean()` of the result is their
+        time-weighted mean, for Little's law (see `asyncstate.runtime.occupancy`)."""
+        gate, controller = self._started(self._gate), self._started(self._controller)
+        occupancy = Occupancy(gate.in_flight)
+        gate.occupancy = controller.occupancy = occupancy
+        return occupancy
 
     def _started(self, part: _P | None) -> _P:
         if part is None:

@@ -7,7 +7,9 @@ finished: in the inbox or in flight), and Flink's `asyncStateProcessing` gauges 
 snake_case names: `num_in_flight_records` (records in flight in the controller),
 `active_buffer_size` (requests waiting for the next batch), `blocking_buffer_size`
 (requests waiting for their key), `num_blocking_keys`; `batches_in_executor`,
-`cache_entries`. Peaks and sums: `in_flight_peak`, `max_batch_size`, `blocked_seconds` (time
+`buffered_writes` (writes completed at issue time, not yet applied by the store: with a
+state cache), `cache_entries`. Peaks and sums: `in_flight_peak`, `max_batch_size`,
+`blocked_seconds` (time
 `process` waited for capacity), `cache_hit_rate` (hits over reads that reached the cache).
 Histograms, as {count, mean, min, p50, p90, p99, p99_9, max}: `batch_size` (requests per
 executor call) and `request_latency_ms` (each request's time in the executor: its batch's
@@ -30,7 +32,8 @@ __all__ = ["METRIC_NAMES", "operator_metrics"]
 METRIC_NAMES = (
     "records_in", "records_done", "in_flight", "in_flight_peak", "batches", "requests",
     "max_batch_size", "blocked_seconds", "num_in_flight_records", "active_buffer_size",
-    "blocking_buffer_size", "num_blocking_keys", "batches_in_executor", "slow_batches",
+    "blocking_buffer_size", "num_blocking_keys", "batches_in_executor", "buffered_writes",
+    "slow_batches",
     "batch_size", "request_latency_ms", "cache_entries", "cache_hits", "cache_misses",
     "cache_evictions", "cache_hit_rate",
 )
@@ -53,7 +56,7 @@ def operator_metrics(controller: AsyncExecutionController | None,
                 "batches": 0, "requests": 0, "max_batch_size": 0, "blocked_seconds": 0.0,
                 "num_in_flight_records": 0, "active_buffer_size": 0,
                 "blocking_buffer_size": 0, "num_blocking_keys": 0, "batches_in_executor": 0,
-                "slow_batches": 0, "batch_size": _EMPTY.summary(),
+                "buffered_writes": 0, "slow_batches": 0, "batch_size": _EMPTY.summary(),
                 "request_latency_ms": _EMPTY.summary(), **cache}
     stats = controller.batch_stats
     return {
@@ -70,6 +73,7 @@ def operator_metrics(controller: AsyncExecutionController | None,
         "blocking_buffer_size": controller.blocking_queue_size,
         "num_blocking_keys": controller.blocking_key_num,
         "batches_in_executor": controller.batches_in_executor,
+        "buffered_writes": controller.buffered_writes,
         "slow_batches": stats.slow_batches,
         "batch_size": stats.batch_sizes.summary(),
         "request_latency_ms": stats.request_latency_us.summary(scale=0.001),

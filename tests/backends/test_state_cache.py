@@ -21,7 +21,9 @@ from state_programs import PROGRAMS, run_program
 
 import asyncstate as ast
 from asyncstate.backends.base import ExecutorBinding
-from asyncstate.backends.cache import MISS, StateCache
+from asyncstate.backends.cache import BUFFERED, MISS, StateCache
+from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.future import StateFuture
 from asyncstate.runtime.requests import StateKind, StateRequest, StateRequestType
 from asyncstate.serde import NONE_BYTES, canonical_key, to_stored
 
@@ -92,7 +94,7 @@ def test_capacity_bounds_entries_least_recently_used_first_out():
         name, kind, handle = "v", StateKind.VALUE, None
 
     def put(key: bytes, value: int) -> None:
-        assert cache.answer(S, _T.VALUE_UPDATE, value, key, b"\xc0") is MISS
+        assert cache.answer(S, _T.VALUE_UPDATE, value, key, b"\xc0") is BUFFERED
 
     def get(key: bytes) -> Any:
         return cache.answer(S, _T.VALUE_GET, None, key, b"\xc0")
@@ -112,9 +114,9 @@ def test_a_list_longer_than_the_cache_is_not_kept():
     class S:
         name, kind, handle = "l", StateKind.LIST, None
 
-    assert cache.answer(S, _T.LIST_UPDATE, [1, 2, 3], b"\x01", b"\xc0") is MISS
+    assert cache.answer(S, _T.LIST_UPDATE, [1, 2, 3], b"\x01", b"\xc0") is BUFFERED
     assert cache.answer(S, _T.LIST_GET, None, b"\x01", b"\xc0").items == [1, 2, 3]
-    assert cache.answer(S, _T.LIST_ADD, 4, b"\x01", b"\xc0") is MISS  # 1 + 4 elements > 4
+    assert cache.answer(S, _T.LIST_ADD, 4, b"\x01", b"\xc0") is BUFFERED  # 1 + 4 > 4
     assert cache.size == 0
     assert cache.answer(S, _T.LIST_GET, None, b"\x01", b"\xc0") is MISS
 
@@ -216,9 +218,8 @@ def _steps(draw: st.DrawFn) -> list[Any]:
     return steps
 
 
-class _Ctx:
-    def __init__(self, key_bytes: bytes) -> None:
-        self.key_bytes = key_bytes
+def _ctx(key_bytes: bytes) -> RecordContext:
+    return RecordContext(None, None, key_bytes, 0, None)
 
 
 class _State:
@@ -261,10 +262,10 @@ class _Driver:
         want = self.heap.execute_one(state, t, payload, key, NONE_BYTES)
         got = self.cache.answer(state, t, payload, key, NONE_BYTES)
         if t not in _READ_TYPES:
-            assert got is MISS  # write-through
+            assert got is BUFFERED  # write-through
             return
         if got is MISS:
-            batch = [StateRequest(state, t, payload, NONE_BYTES, _Ctx(key), None)]
+            batch = [StateRequest(state, t, payload, NONE_BYTES, _ctx(key), StateFuture())]
             self.cache.execute_batch(batch)
             assert self.sent[-1] is batch
             self.pending.append((batch, want))
@@ -343,3 +344,37 @@ def test_every_short_sequence_on_one_entry(name, capacity):
         for t, payload in _CHECKS[name]:
             driver.request(name, b"\x01", t, payload)
             driver.deliver_all()
+
+
+# -- writes completed at issue time ----------------------------------------------------------
+
+
+def test_a_snapshot_holds_every_buffered_write(tmp_path):
+    # Reads hit and writes complete at once: records finish long before the slow store has
+    # applied their writes. The snapshot drains first, so it holds every one of them.
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=2, io_parallelism=1,
+                                         cache_entries=100)
+    records = [i % 7 for i in range(700)]
+    ast.run(Counter(), records, key_selector=lambda r: r, backend=backend,
+            checkpoint_dir=tmp_path, checkpoint_id=1,
+            config=ast.AsyncStateConfig(batch_size=50, max_in_flight=200))
+    assert backend.state_cache.hits == 700 - 7
+    outputs = ast.run(_Read(), [(k, None) for k in range(7)], key_selector=lambda r: r[0],
+                      restore_from=ast.checkpoint_path(tmp_path, 1))
+    assert sorted(outputs) == [(k, 100) for k in range(7)]
+
+
+async def test_buffered_writes_stay_within_max_in_flight():
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=1, io_parallelism=1,
+                                         cache_entries=100)
+    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r, backend=backend,
+                           config=ast.AsyncStateConfig(batch_size=10, max_in_flight=30))
+    peak = 0
+    async with op:
+        for i in range(600):
+            await op.process(i % 5)
+            peak = max(peak, op.controller.buffered_writes)
+        await op.drain()
+        assert op.controller.buffered_writes == 0
+        assert op.metrics["records_done"] == 600
+    assert 0 < peak <= 30
