@@ -23,6 +23,8 @@ Where `answer` runs:
    up its record: every later request of the same state passes this cache first and
    reaches the backend after that write, so nobody can tell, except by the time it takes
    (the operator's drain waits until the backend has applied every write).
+   At trigger time, a value write that a later write of the same entry in the batch
+   replaces (with no read of it between them) is left out of what goes to the backend.
 2. Otherwise at trigger time, inside `execute_batch`: hits are answered, the rest of the
    batch goes to the backend in its order, and the batch is delivered once that part is.
 
@@ -96,6 +98,7 @@ _MAP_ITER_VALUE: Final = _T.MAP_ITER_VALUE  # compiled: Final alias
 _MAP_IS_EMPTY: Final = _T.MAP_IS_EMPTY  # compiled: Final alias
 _LOADING: Final = _T.ITERATOR_LOADING  # compiled: Final alias
 
+_VALUE_KINDS: Final = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
 # Reads: answered by the cache when it knows, else filled from the backend's answer.
 _READS: Final = frozenset({_VALUE_GET, _REDUCING_GET, _AGGREGATING_GET, _LIST_GET, _MAP_GET,
                            _MAP_CONTAINS, _MAP_ITER, _MAP_ITER_KEY, _MAP_ITER_VALUE,
@@ -135,17 +138,6 @@ class _Cursor:
         self.offset = offset
 
 
-class _Fill:
-    """Reads of one entry on their way to the backend, and whether a write came after any
-    of them (their answers must not fill the cache then)."""
-
-    __slots__ = ("count", "stale")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.stale = False
-
-
 class _Split:
     """A batch answered in part by the cache (trigger time): the requests sent on, the
     results so far and, for each request sent on, its position in the batch."""
@@ -168,14 +160,17 @@ class StateCache:
     binding `open` returned).
     """
 
-    __slots__ = ("_chunk", "_deliver", "_entries", "_execute", "_fills", "_issue_time",
-                 "_splits", "_weight", "capacity", "evictions", "hits", "misses")
+    __slots__ = ("_chunk", "_deliver", "_entries", "_execute", "_reading", "_issue_time",
+                 "_splits", "_stale", "_weight", "capacity", "evictions", "hits", "misses")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[EntryKey, Any] = OrderedDict()
         self._weight = 0
-        self._fills: dict[EntryKey, _Fill] = {}
+        # Reads of each entry on their way to the backend, and the entries written since one
+        # of them was sent (their answers must not fill the cache).
+        self._reading: dict[EntryKey, int] = {}
+        self._stale: set[EntryKey] = set()
         self._splits: dict[int, _Split] = {}
         self._issue_time = False
         self._chunk = 1000
@@ -224,8 +219,7 @@ class StateCache:
         their way fill nothing."""
         self._entries.clear()
         self._weight = 0
-        for fill in self._fills.values():
-            fill.stale = True
+        self._stale.update(self._reading)
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -233,12 +227,15 @@ class StateCache:
         """Send `batch` to the backend; at trigger time, answer what the cache can first."""
         execute = self._execute
         assert execute is not None, "open() the backend first"
-        if self._issue_time:
-            execute(batch)
-            return
         results: list[Any] = [None] * len(batch)
         sent: list[StateRequest] = []
         slots: list[int] = []
+        if self._issue_time:
+            if self._coalesce(batch, sent, slots):
+                self._send_part(batch, sent, results, slots)
+            else:
+                execute(batch)
+            return
         try:
             for i in range(len(batch)):  # compiled: index loop
                 request = batch[i]
@@ -260,6 +257,14 @@ class StateCache:
         if len(sent) == len(batch):
             execute(batch)
             return
+        self._send_part(batch, sent, results, slots)
+
+    def _send_part(self, batch: list[StateRequest], sent: list[StateRequest],
+                   results: list[Any], slots: list[int]) -> None:
+        """Send the requests `sent` of `batch` (at positions `slots`) to the backend; the
+        batch is delivered with `results` once they come back."""
+        execute = self._execute
+        assert execute is not None
         self._splits[id(sent)] = _Split(batch, sent, results, slots)
         try:
             execute(sent)
@@ -267,6 +272,41 @@ class StateCache:
             self._splits.pop(id(sent), None)
             self._unregister(sent)
             raise
+
+    @staticmethod
+    def _coalesce(batch: list[StateRequest], sent: list[StateRequest],
+                  slots: list[int]) -> bool:
+        """Leave out the value writes a later write of the same entry in `batch` replaces,
+        with no read of it between them (their result is None either way); the requests
+        kept go into `sent`, their positions into `slots`. False (nothing filled in) when
+        every request is kept."""
+        later: set[EntryKey] = set()  # entries written further on, no read between
+        dropped: list[int] = []
+        for i in range(len(batch) - 1, -1, -1):  # compiled: index loop
+            request = batch[i]
+            t = request.request_type
+            if t is _VALUE_UPDATE or t is _REDUCING_ADD or t is _AGGREGATING_ADD or (
+                    t is _CLEAR and request.state.kind in _VALUE_KINDS):  # type: ignore[union-attr]
+                key = (request.state.name,  # type: ignore[union-attr]
+                       request.context.key_bytes, request.namespace)
+                if key in later:
+                    dropped.append(i)
+                else:
+                    later.add(key)
+            elif t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
+                later.discard((request.state.name,  # type: ignore[union-attr]
+                               request.context.key_bytes, request.namespace))
+        if not dropped:
+            return False
+        dropped.reverse()
+        d = 0
+        for i in range(len(batch)):  # compiled: index loop
+            if d < len(dropped) and dropped[d] == i:
+                d += 1
+                continue
+            sent.append(batch[i])
+            slots.append(i)
+        return True
 
     def _delivered(self, batch: list[StateRequest], results: list[Any] | None,
                    error: BaseException | None) -> None:
@@ -319,14 +359,20 @@ class StateCache:
     def _put(self, key: EntryKey, entry: Any, weight: int) -> None:
         """Cache `entry` (replacing what was there) as the most recently used."""
         entries = self._entries
-        old = entries.pop(key, _UNKNOWN)
-        if old is not _UNKNOWN:
-            self._weight -= self._weight_of(old)
-        if weight > self.capacity:
+        old = entries.get(key, _UNKNOWN)
+        if weight > self.capacity:  # too large to keep: forget it
+            if old is not _UNKNOWN:
+                del entries[key]
+                self._weight -= self._weight_of(old)
             return
         entries[key] = entry
-        self._weight += weight
-        self._evict()
+        if old is _UNKNOWN:
+            self._weight += weight
+        else:
+            entries.move_to_end(key)
+            self._weight += weight - self._weight_of(old)
+        if self._weight > self.capacity:
+            self._evict()
 
     def _grew(self, key: EntryKey, by: int) -> None:
         """The entry `key` (just used) grew by `by` elements."""
@@ -366,27 +412,29 @@ class StateCache:
     def _miss(self, key: EntryKey) -> Any:
         """Count a read sent to the backend; its answer may fill `key`."""
         self.misses += 1
-        fill = self._fills.get(key)
-        if fill is None:
-            fill = self._fills[key] = _Fill()
-        fill.count += 1
+        reading = self._reading
+        reading[key] = reading.get(key, 0) + 1
         return MISS
 
     def _written(self, key: EntryKey) -> None:
         """A write to `key`: answers of reads sent before it are stale."""
-        fill = self._fills.get(key)
-        if fill is not None:
-            fill.stale = True
+        if key in self._reading:
+            self._stale.add(key)
 
     def _done_reading(self, key: EntryKey) -> bool:
         """One read of `key` came back; whether its answer may fill the cache."""
-        fill = self._fills.get(key)
-        if fill is None:
+        reading = self._reading
+        count = reading.get(key, 0)
+        if count <= 0:
             return False
-        fill.count -= 1
-        if fill.count <= 0:
-            del self._fills[key]
-        return not fill.stale
+        stale = key in self._stale
+        if count == 1:
+            del reading[key]
+            if stale:
+                self._stale.discard(key)
+        else:
+            reading[key] = count - 1
+        return not stale
 
     def _map_entry(self, key: EntryKey) -> _MapEntry:
         """The cached map of `key`, created (knowing nothing) if missing."""

@@ -76,6 +76,18 @@ def test_cached_rocksdb_answers_as_the_uncached_heap(program, cache_entries, bat
     assert got == want
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_read_between_two_writes_of_one_batch_sees_the_first(wrapped):
+    # One batch: a = 1 (buffered), b = 2 (evicts a from a one-entry cache), then one record
+    # reads a (a miss) and writes a = 3 without waiting for the read. Only a write with no
+    # read between it and a later write of the same entry may be left out of the batch.
+    program = [("a", ("vset", 1)), ("b", ("vset", 2)), ("a", ("vget_set", 3))]
+    make = _remote_cached_wrapped if wrapped else _remote_cached
+    got = run_program(program, make(1, 0, 0), batch_size=10, max_in_flight=10)
+    assert got["a"][0] == (2, "vget_set", "1")
+    assert got == run_program(program, ast.HeapBackend(), batch_size=10, max_in_flight=10)
+
+
 def test_hot_keys_are_answered_by_the_cache():
     backend = _remote_cached(cache_entries=10, latency_ms=0, seed=0)
     records = [i % 5 for i in range(500)]
