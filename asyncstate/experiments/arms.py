@@ -16,8 +16,9 @@ each takes the measured latency L, and a record needs k requests at the store on
 another, so throughput <= min(N, R*B) / (k*L). Without a cache k is the workload's round
 trips (2 for the counter); with it, k counts the requests that still reach the store (its
 writes, and its reads times the miss rate). The hot-key bound: the records of the hottest
-key (share p) run one after another, each waiting for the round trips it cannot skip, so
-throughput <= 1 / (p * k_wait * L).
+key (share p) run one after another, each waiting for its k round trips, so throughput <=
+1 / (p * k * L); with a cache there is none: the hottest key stays cached, and its writes
+complete at once.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def bounds(arm: Arm, point: Point, *, latency_s: float, hit_rate: float,
     config = arm.config(point)
     if arm.cache:
         k = workload.writes + reads * (1.0 - hit_rate)
-        k_wait = reads * (1.0 - hit_rate)  # writes complete at once (buffered)
+        k_wait = 0.0  # the hottest key stays cached, and writes complete at once (buffered)
     else:
         k = k_wait = float(workload.round_trips)
     slots = min(config.max_in_flight, point.io_parallelism * config.batch_size)
