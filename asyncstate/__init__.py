@@ -11,6 +11,8 @@ from asyncstate._compiled import select as _select_implementation
 # Compiled modules or their Python sources: decided before the first of them is imported.
 _select_implementation()
 
+# `asyncstate.logging.configure(...)` works after `import asyncstate`.
+import asyncstate.logging as logging  # noqa: F401 - a submodule, not in __all__
 from asyncstate.backends.heap import HeapBackend as HeapBackend
 from asyncstate.backends.remote import SimulatedRemoteBackend as SimulatedRemoteBackend
 from asyncstate.checkpoint.format import checkpoint_path as checkpoint_path

@@ -43,24 +43,28 @@ __all__ = [
 PURE_PYTHON_ENV = "ASYNCSTATE_PURE_PYTHON"
 STAMP_NAME = "_compiled.stamp"  # beside this module: {module: sha256 of the compiled source}
 
-# The per-record path: futures, contexts, the controller and its parts, the coroutine
-# driver, the states (they share one compiled base class) and their TTL layer, key and value
-# encoding (key groups included), the heap and RocksDB backends (their TTL reads included),
-# the operator parts that admit and start records, and the timer queues (their classes
-# inherit from each other natively, so all of them or none). `runtime/stepping.py`,
-# `packed.py` and `operator/arguments.py` stay interpreted on purpose (see their docstrings).
+# The per-record path: futures, contexts, the controller and its parts (batch statistics
+# and their histogram included), the coroutine driver, the states (they share one compiled
+# base class) and their TTL layer, key and value encoding (key groups included), the heap and
+# RocksDB backends (their TTL reads included) and the state cache in front of a backend, the
+# operator parts that admit and start records, and the timer queues (their classes inherit
+# from each other natively, so all of them or none). `runtime/stepping.py`, `packed.py` and
+# `operator/arguments.py` stay interpreted on purpose (see their docstrings).
 COMPILED_MODULES: tuple[str, ...] = (
+    "asyncstate.backends.cache",
     "asyncstate.backends.heap",
     "asyncstate.backends.heap_ttl",
     "asyncstate.backends.rocksdb",
     "asyncstate.backends.rocksdb_batch",
     "asyncstate.backends.rocksdb_layout",
     "asyncstate.backends.rocksdb_ttl",
+    "asyncstate.histogram",
     "asyncstate.operator.admission",
     "asyncstate.operator.inbox",
     "asyncstate.operator.keyed",
     "asyncstate.operator.records",
     "asyncstate.operator.run",
+    "asyncstate.runtime.batch_stats",
     "asyncstate.runtime.buffer",
     "asyncstate.runtime.context",
     "asyncstate.runtime.driver",
@@ -68,6 +72,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.runtime.epoch",
     "asyncstate.runtime.future",
     "asyncstate.runtime.key_accounting",
+    "asyncstate.runtime.occupancy",
     "asyncstate.runtime.requests",
     "asyncstate.serde",
     "asyncstate.state.base",

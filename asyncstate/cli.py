@@ -4,6 +4,7 @@ Subcommands::
 
     asyncstate demo [options]              the demo job (asyncstate.demo)
     asyncstate checkpoint inspect PATH     what a checkpoint holds, checked before a restore
+    asyncstate experiment backpressure     back-pressure experiments: table, CSV, JSON, PNGs
 
 Each subcommand lives in its own module of `asyncstate.commands`, listed in
 `SUBCOMMAND_MODULES`. A module adds its parser in `register(commands)` with
@@ -30,6 +31,7 @@ __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run_command"]
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "asyncstate.commands.demo",
     "asyncstate.commands.checkpoint",
+    "asyncstate.commands.experiment",
 )
 
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE

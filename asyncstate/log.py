@@ -28,7 +28,8 @@ from typing import Any
 
 import structlog
 
-__all__ = ["get_level", "get_logger", "set_level"]
+__all__ = ["get_level", "get_logger", "set_level", "set_slow_batch_seconds",
+           "slow_batch_seconds"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _ROOT_LOGGER = "asyncstate"
@@ -91,6 +92,23 @@ if os.environ.get("ASYNCSTATE_LOG_LEVEL"):
 def get_level() -> str:
     """The asyncstate level ("warning" unless it was changed)."""
     return next((name for name, value in _LEVELS.items() if value == _threshold), "warning")
+
+
+# A batch whose round trip (trigger to delivery) takes at least this long is logged as
+# `controller.slow_batch`; read by each controller when it is created.
+DEFAULT_SLOW_BATCH_SECONDS = 1.0
+_slow_batch_seconds = DEFAULT_SLOW_BATCH_SECONDS
+
+
+def slow_batch_seconds() -> float:
+    """The round trip from which a batch is logged as slow, in seconds."""
+    return _slow_batch_seconds
+
+
+def set_slow_batch_seconds(seconds: float) -> None:
+    """Log batches whose round trip takes at least `seconds` (controllers created later)."""
+    global _slow_batch_seconds
+    _slow_batch_seconds = seconds
 
 
 def set_level(level: str) -> None:

@@ -15,11 +15,13 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import heapq
 import importlib.metadata
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -41,6 +43,9 @@ from rich.table import Table
 
 import asyncstate as ast
 from asyncstate import _compiled
+from asyncstate.experiments import keys as key_streams
+from asyncstate.experiments.arms import ARMS, Point
+from asyncstate.experiments.driver import run as run_point
 from asyncstate.keygroups import KeyGroupRange, key_group_of_bytes
 from asyncstate.runtime import gc_threshold
 from asyncstate.serde import NONE_BYTES, canonical_key
@@ -244,7 +249,11 @@ def write_results(name: str, result: dict[str, Any]) -> Path:
 def fmt_rate(rate: float) -> str:
     if rate >= 1e6:
         return f"{rate / 1e6:.2f} M"
-    return f"{rate / 1e3:.0f} K"
+    if rate >= 1e4:
+        return f"{rate / 1e3:.0f} K"
+    if rate >= 1e3:
+        return f"{rate / 1e3:.1f} K"
+    return f"{rate:.0f}"
 
 
 def run_rounds(bench: Bench, arms: dict[str, Callable[[float], RunResult]], *, repeats: int,
@@ -745,9 +754,11 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
     def arm_config(batch_size: int) -> ast.AsyncStateConfig:
         return bench.config(batch_size=batch_size, max_in_flight=ROCKSDB_MAX_IN_FLIGHT)
 
-    def arm(batch_size: int, on_rocksdb: bool, batched_heap: bool = False
-            ) -> Callable[[float], RunResult]:
+    def arm(batch_size: int, on_rocksdb: bool, batched_heap: bool = False, *,
+            keys: list[int] = keys, choose: Callable[[int], list[int]] = choose,
+            cache_entries: int = 0) -> Callable[[float], RunResult]:
         config = arm_config(batch_size)
+        n_records = len(keys)
 
         def run(deadline: float) -> RunResult:
             function = CallbackCounter()
@@ -759,7 +770,8 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
                     backend = ast.SimulatedRemoteBackend(backend, latency_ms=0)
                 if on_rocksdb:
                     backend = ast.RocksDBBackend(Path(tmp) / "db", options=rocksdb_options,
-                                                 io_parallelism=ROCKSDB_IO_PARALLELISM)
+                                                 io_parallelism=ROCKSDB_IO_PARALLELISM,
+                                                 cache_entries=cache_entries)
 
                 async def after(op: ast.KeyedOperator, fed: int) -> Any:
                     if on_rocksdb:  # SST files before close: the memtable was flushed
@@ -787,6 +799,10 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
             metrics["mean_batch_size"] = requests / batches if batches else None
             return RunResult(fed, seconds, fed < n_records, ok, detail, metrics)
         return run
+
+    if args.cache_keys:
+        return rocksdb_cache_table(bench, arm, records=n_records, repeats=repeats,
+                                   max_seconds=max_seconds)
 
     arms: dict[str, Callable[[float], RunResult]] = {
         ROCKSDB_UNBATCHED: arm(1, on_rocksdb=True),
@@ -882,6 +898,101 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
         bench.console.print(f"[red bold]{name} crashed:[/]")
         bench.console.print(tb, markup=False, highlight=False)
     return {"scenario": "rocksdb", "ok": all_ok, "params": params,
+            "environment": bench.environment(), "arms": arms_json}
+
+
+# The state cache in front of RocksDB, by number of keys: with few, hot keys every record
+# of a key waits for the previous one's two round trips; a cache of 1 % of the keys (at
+# least 10,000 entries) answers the reads.
+ROCKSDB_CACHE_GOAL = 0.6  # rocksdb + cache: minimum ratio to the heap at the same keys
+ROCKSDB_CACHE_MIN_ENTRIES = 10_000
+ROCKSDB_CACHE_KEYS = (100, 1_000, 1_000_000)
+ROCKSDB_CACHE_KEYS_QUICK = (100, 1_000, 100_000)
+
+
+def cache_entries_for(n_keys: int) -> int:
+    """The cache of the goal: 1 % of the keys or 10,000 entries, whichever is larger."""
+    return max(n_keys // 100, ROCKSDB_CACHE_MIN_ENTRIES)
+
+
+def rocksdb_cache_table(bench: Bench, arm: Callable[..., Callable[[float], RunResult]], *,
+                        records: int, repeats: int, max_seconds: float) -> dict[str, Any]:
+    """`bench.py rocksdb --cache-keys 100,1000,1000000`: per number of keys, the heap, RocksDB
+    and RocksDB behind the state cache, in one run; the cache arms' goal is a ratio to the
+    heap at the same number of keys."""
+    args = bench.args
+    counts = args.cache_keys
+    arms: dict[str, Callable[[float], RunResult]] = {}
+    labels: dict[int, tuple[str, str, str]] = {}
+    for n_keys in counts:
+        n_records = max(records, n_keys)
+        keys = overhead_keys(n_records, n_keys, seed=args.seed)
+        choose = sample_chooser(keys, n_keys, args.seed, PROBE_PRESENT, PROBE_ABSENT)
+        heap, plain, cached = (f"heap, {n_keys:,} keys", f"rocksdb, {n_keys:,} keys",
+                               f"rocksdb + cache, {n_keys:,} keys")
+        labels[n_keys] = (heap, plain, cached)
+        arms[heap] = arm(ROCKSDB_BATCH_SIZE, on_rocksdb=False, keys=keys, choose=choose)
+        arms[plain] = arm(ROCKSDB_BATCH_SIZE, on_rocksdb=True, keys=keys, choose=choose)
+        arms[cached] = arm(ROCKSDB_BATCH_SIZE, on_rocksdb=True, keys=keys, choose=choose,
+                           cache_entries=cache_entries_for(n_keys))
+    bench.console.print(f"[bold]rocksdb, state cache[/]: keyed counter, {records:,} records "
+                        f"(or one per key) over {', '.join(f'{n:,}' for n in counts)} keys, "
+                        f"batch {ROCKSDB_BATCH_SIZE}, max_in_flight {ROCKSDB_MAX_IN_FLIGHT:,}, "
+                        f"best of {repeats}, at most {max_seconds:g} s per run")
+    bench.console.print(bench.describe_environment())
+    runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
+                              records=max(records, *counts))
+    table = Table(title=f"rocksdb with the state cache (1 % of keys, at least "
+                        f"{ROCKSDB_CACHE_MIN_ENTRIES:,} entries), best of {repeats}")
+    for column, justify in (("keys", "right"), ("heap rec/s", "right"),
+                            ("rocksdb rec/s", "right"), ("vs heap", "right"),
+                            ("+ cache rec/s", "right"), ("vs heap", "right"),
+                            ("hit rate", "right"), ("goal", "left"), ("result", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    arms_json: dict[str, Any] = {}
+    all_ok = not errors
+    for n_keys, names in labels.items():
+        best = [best_of(runs[name]) for name in names]
+        wrong = [r for name in names for r in runs[name] if not r.answer_ok]
+        all_ok = all_ok and not wrong
+        heap = best[0]
+        ratios = [b.rate / heap.rate if b is not None and heap is not None else None
+                  for b in best]
+        cached = best[2]
+        hit_rate = cached.metrics.get("cache_hit_rate") if cached is not None else None
+        passed = ratios[2] >= ROCKSDB_CACHE_GOAL if ratios[2] is not None and not wrong \
+            else None
+        crashed = [name for name in names if name in errors]
+        result = ("[red]ERROR (traceback below)[/]" if crashed else
+                  f"[red]WRONG ANSWER: {wrong[0].answer_detail}[/]" if wrong else
+                  "[green]pass[/]" if passed else "[red]FAIL[/]" if passed is False else "-")
+        table.add_row(f"{n_keys:,}", *(fmt_rate(b.rate) if b is not None else "-"
+                                       for b in best[:2]),
+                      _ratio_text(ratios[1]),
+                      fmt_rate(cached.rate) if cached is not None else "-",
+                      _ratio_text(ratios[2]),
+                      f"{hit_rate:.1%}" if hit_rate is not None else "-",
+                      f">= {ROCKSDB_CACHE_GOAL:g}x", result)
+        arms_json[str(n_keys)] = {
+            "cache_entries": cache_entries_for(n_keys),
+            "ratio_rocksdb_to_heap": ratios[1], "ratio_cached_to_heap": ratios[2],
+            "goal_ratio_cached_to_heap": ROCKSDB_CACHE_GOAL, "goal_passed": passed,
+            "cache_hit_rate": hit_rate,
+            "arms": {name: {"best_records_per_s": b.rate if b is not None else None,
+                            "error": errors.get(name),
+                            "runs": [dataclasses.asdict(r) | {"records_per_s": r.rate}
+                                     for r in runs[name]]}
+                     for name, b in zip(names, best, strict=True)}}
+    bench.console.print(table)
+    for name, tb in errors.items():
+        bench.console.print(f"[red bold]{name} crashed:[/]")
+        bench.console.print(tb, markup=False, highlight=False)
+    return {"scenario": "rocksdb-cache", "ok": all_ok,
+            "params": {"records": records, "keys": list(counts), "repeats": repeats,
+                       "max_seconds_per_run": max_seconds, "seed": args.seed,
+                       "batch_size": ROCKSDB_BATCH_SIZE,
+                       "max_in_flight": ROCKSDB_MAX_IN_FLIGHT,
+                       "cache_entries": {str(n): cache_entries_for(n) for n in counts}},
             "environment": bench.environment(), "arms": arms_json}
 
 
@@ -1881,6 +1992,262 @@ def ttl(bench: Bench) -> dict[str, Any]:
             "environment": bench.environment(), "arms": arms_json}
 
 
+# -- latency, skew, backpressure: the experiment machinery ------------------------------------
+#
+# These scenarios run `asyncstate.experiments` (the machinery of `asyncstate experiment
+# backpressure`): the keyed counter against SimulatedRemoteBackend over the heap, each run
+# bounded in time, its answer read back, its Little's-law figures checked.
+
+LATENCIES_MS = (0.0, 0.2, 1.5, 5.0, 23.0)
+LATENCY_GOALS = {"vs 0 ms": 0.8, "vs sync": 300.0, "vs bound": 0.8}  # at 1.5, 1.5 and 23 ms
+SKEW_CACHE_SHARES = (0.0, 0.01, 0.10)
+SKEW_GOAL = 0.8  # skewed: minimum ratio to min(uniform, hot-key bound)
+BACKPRESSURE_GOALS = {"ratio_to_bound": 0.8, "rss_growth_mb": 200.0}
+
+
+class HashedKeys(Sequence[int]):
+    """`n` keys in 0..n_keys-1, computed from their position (a multiplicative hash): a
+    source of millions of records that takes no memory."""
+
+    def __init__(self, n: int, n_keys: int) -> None:
+        self.n, self.n_keys = n, n_keys
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        return (i * 2654435761 + 12345) % 4294967291 % self.n_keys
+
+
+def experiment_runs(bench: Bench, jobs: dict[str, Callable[[], Any]], repeats: int
+                    ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Run every job `repeats` times in rounds; the best run (highest throughput, answer
+    read back right or not checked) of each, and the traceback of each that crashed."""
+    best: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    bench.start_progress(total=len(jobs) * repeats)
+    try:
+        for round_no in range(repeats):
+            for name, job in jobs.items():
+                if name in errors:
+                    bench.tick(1)
+                    continue
+                bench.describe(f"{name} ({round_no + 1}/{repeats})")
+                gc.collect()
+                try:
+                    result = job()
+                except Exception:  # noqa: BLE001 - reported as crashed, the others run on
+                    errors[name] = traceback.format_exc()
+                    bench.tick(1)
+                    continue
+                bench.tick(1)
+                if result.answer_ok is False:
+                    errors[name] = f"wrong answer: {result.answer_detail}"
+                elif name not in best or result.throughput > best[name].throughput:
+                    best[name] = result
+    finally:
+        bench.stop_progress()
+    return best, errors
+
+
+def _result_json(result: Any) -> dict[str, Any]:
+    row = result.row()
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()}
+
+
+def print_errors(bench: Bench, errors: dict[str, str]) -> None:
+    """The traceback (or wrong answer) of each arm that failed, under the table."""
+    for name, tb in errors.items():
+        bench.console.print(f"[red bold]{name} crashed:[/]")
+        bench.console.print(tb, markup=False, highlight=False)
+
+
+def _goal_text(passed: bool | None) -> str:
+    return "-" if passed is None else "[green]pass[/]" if passed else "[red]FAIL[/]"
+
+
+@scenario("latency", "keyed counter behind 0-23 ms of store latency: asyncstate vs sync vs bound")
+def latency(bench: Bench) -> dict[str, Any]:
+    args = bench.args
+    seconds = args.max_seconds or (1.0 if bench.quick else 3.0)
+    repeats = args.repeats or (1 if bench.quick else 3)
+    n_keys = args.keys or 100_000
+    stream = key_streams.key_stream("uniform", n_keys, 2_000_000, seed=args.seed)
+    jobs: dict[str, Callable[[], Any]] = {}
+    for latency_ms in LATENCIES_MS:
+        point = Point(latency_ms=latency_ms, io_parallelism=2, batch_size=1000,
+                      max_in_flight=6000, keys=n_keys)
+        for arm in ("sync baseline", "asyncstate"):
+            jobs[f"{arm} @ {latency_ms:g} ms"] = functools.partial(
+                run_point, ARMS[arm], point, stream, 1 / n_keys, seconds=seconds,
+                seed=args.seed)
+    bench.console.print(f"[bold]latency[/]: keyed counter over {n_keys:,} uniform keys, "
+                        f"SimulatedRemoteBackend(HeapBackend()), io_parallelism 2, batch 1000,"
+                        f" max_in_flight 6000; best of {repeats}, {seconds:g} s per run")
+    bench.console.print(bench.describe_environment())
+    best, errors = experiment_runs(bench, jobs, repeats)
+    zero = best.get("asyncstate @ 0 ms")
+    table = Table(title=f"latency: keyed counter (best of {repeats})")
+    for column in ("latency", "measured", "sync rec/s", "asyncstate rec/s", "vs 0 ms",
+                   "vs sync", "bound", "vs bound", "peak in flight", "goal", "result"):
+        table.add_column(column, justify="left" if column in ("goal", "result") else "right")
+    rows_json = []
+    all_passed: list[bool] = []
+    for latency_ms in LATENCIES_MS:
+        sync, mine = best.get(f"sync baseline @ {latency_ms:g} ms"), \
+            best.get(f"asyncstate @ {latency_ms:g} ms")
+        vs_zero = mine.throughput / zero.throughput if mine and zero else None
+        vs_sync = mine.throughput / sync.throughput if mine and sync else None
+        vs_bound = mine.ratio_to_bound if mine else None
+        goals, checks = [], []
+        if latency_ms == 1.5:
+            goals = [f">= {LATENCY_GOALS['vs 0 ms']:g}x 0 ms",
+                     f">= {LATENCY_GOALS['vs sync']:g}x sync"]
+            checks = [vs_zero is not None and vs_zero >= LATENCY_GOALS["vs 0 ms"],
+                      vs_sync is not None and vs_sync >= LATENCY_GOALS["vs sync"]]
+        elif latency_ms == 23.0:
+            goals = [f">= {LATENCY_GOALS['vs bound']:g}x bound"]
+            checks = [vs_bound is not None and vs_bound >= LATENCY_GOALS["vs bound"]]
+        peak_ok = mine is None or mine.in_flight_peak <= mine.point.max_in_flight
+        checks.append(peak_ok)
+        passed = all(checks) if goals else (None if peak_ok else False)
+        if passed is not None:
+            all_passed.append(passed)
+        table.add_row(
+            f"{latency_ms:g} ms",
+            f"{mine.measured_store_latency_ms:.2f} ms" if mine else "-",
+            fmt_rate(sync.throughput) if sync else "-",
+            fmt_rate(mine.throughput) if mine else "-",
+            _ratio_text(vs_zero), _ratio_text(vs_sync),
+            fmt_rate(mine.bound) if mine and math.isfinite(mine.bound) else "-",
+            _ratio_text(vs_bound), f"{mine.in_flight_peak:,}" if mine else "-",
+            " / ".join(goals) or "peak <= max_in_flight", _goal_text(passed))
+        rows_json.append({"latency_ms": latency_ms, "ratio_to_0_ms": vs_zero,
+                          "ratio_to_sync": vs_sync, "ratio_to_bound": vs_bound,
+                          "goal_passed": passed,
+                          "sync": _result_json(sync) if sync else None,
+                          "asyncstate": _result_json(mine) if mine else None})
+    table.caption = ("measured: mean latency each store call actually took (a pool thread "
+                     "sleeps, then waits for the GIL); bound: min(N, R*B)/(k*L) with k = 2")
+    bench.console.print(table)
+    print_errors(bench, errors)
+    return {"scenario": "latency", "ok": not errors, "goals_passed": all(all_passed),
+            "params": {"keys": n_keys, "seconds_per_run": seconds, "repeats": repeats,
+                       "latencies_ms": list(LATENCIES_MS), "seed": args.seed},
+            "environment": bench.environment(), "rows": rows_json}
+
+
+@scenario("skew", "Zipf 0.99 over 1 M keys at 1.5 ms, cache 0 / 1 / 10 % of keys vs uniform")
+def skew(bench: Bench) -> dict[str, Any]:
+    args = bench.args
+    seconds = args.max_seconds or (1.0 if bench.quick else 3.0)
+    repeats = args.repeats or (1 if bench.quick else 3)
+    n_keys = args.keys or 1_000_000
+    theta = 0.99
+    records = 2_000_000
+    uniform = key_streams.key_stream("uniform", n_keys, records, seed=args.seed)
+    zipf = key_streams.key_stream("zipf", n_keys, records, theta=theta, seed=args.seed)
+    p_max = key_streams.hottest_share("zipf", n_keys, theta)
+    base = Point(latency_ms=1.5, keys=n_keys, zipf_theta=theta)
+    jobs: dict[str, Callable[[], Any]] = {
+        "uniform": functools.partial(run_point, ARMS["asyncstate"], base, uniform, 1 / n_keys,
+                                     seconds=seconds, seed=args.seed)}
+    for share in SKEW_CACHE_SHARES:
+        entries = int(n_keys * share)
+        point = dataclasses.replace(base, distribution="zipf", cache_entries=entries)
+        arm = ARMS["asyncstate+cache" if entries else "asyncstate"]
+        jobs[f"zipf, cache {share:.0%}"] = functools.partial(
+            run_point, arm, point, zipf, p_max, seconds=seconds, seed=args.seed)
+    bench.console.print(f"[bold]skew[/]: keyed counter over {n_keys:,} keys, Zipf {theta} "
+                        f"(hottest key {p_max:.1%} of records) vs uniform, latency 1.5 ms, "
+                        f"best of {repeats}, {seconds:g} s per run")
+    bench.console.print(bench.describe_environment())
+    best, errors = experiment_runs(bench, jobs, repeats)
+    ref = best.get("uniform")
+    table = Table(title=f"skew: Zipf {theta} over {n_keys:,} keys (best of {repeats})")
+    for column in ("arm", "rec/s", "hit rate", "hot-key bound", "min(uniform, hot)", "ratio",
+                   "p99 ms", "goal", "result"):
+        table.add_column(column, justify="left" if column in ("arm", "goal", "result")
+                         else "right")
+    arms_json = {}
+    passes: list[bool] = []
+    for name in jobs:
+        r = best.get(name)
+        hot = r.hot_key_bound if r else None
+        target = min(ref.throughput, hot) if r and ref and hot is not None else None
+        ratio = r.throughput / target if r and target else None
+        passed = None if name == "uniform" or ratio is None else ratio >= SKEW_GOAL
+        if passed is not None:
+            passes.append(passed)
+        table.add_row(name, fmt_rate(r.throughput) if r else "-",
+                      f"{r.cache_hit_rate:.1%}" if r and r.cache_hit_rate is not None else "-",
+                      fmt_rate(hot) if hot is not None and math.isfinite(hot) else "-",
+                      fmt_rate(target) if target else "-", _ratio_text(ratio),
+                      f"{r.latency_ms['p99']:.3g}" if r else "-",
+                      "-" if name == "uniform" else f">= {SKEW_GOAL:g}x", _goal_text(passed))
+        arms_json[name] = {"ratio_to_min_uniform_hot": ratio, "goal_passed": passed,
+                           "result": _result_json(r) if r else None, "error": errors.get(name)}
+    table.caption = ("hot-key bound: 1/(p_max*k*L), the hottest key's records one after "
+                     "another; with the cache the hottest key is a hit and its writes are "
+                     "buffered, so no such bound applies")
+    bench.console.print(table)
+    print_errors(bench, errors)
+    return {"scenario": "skew", "ok": not errors, "goals_passed": all(passes),
+            "params": {"keys": n_keys, "theta": theta, "p_max": p_max,
+                       "seconds_per_run": seconds, "repeats": repeats, "seed": args.seed},
+            "environment": bench.environment(), "arms": arms_json}
+
+
+@scenario("backpressure", "store slower than the source: 5 ms, io_parallelism 1, batch 100")
+def backpressure(bench: Bench) -> dict[str, Any]:
+    args = bench.args
+    seconds = args.max_seconds or (3.0 if bench.quick else 10.0)
+    repeats = args.repeats or 1
+    records = args.records or 5_000_000
+    n_keys = args.keys or 100_000
+    point = Point(latency_ms=5.0, io_parallelism=1, batch_size=100, max_in_flight=6000,
+                  keys=n_keys)
+    source = HashedKeys(records, n_keys)
+    jobs: dict[str, Callable[[], Any]] = {"asyncstate": functools.partial(
+        run_point, ARMS["asyncstate"], point, source, 1 / n_keys, seconds=seconds,
+        seed=args.seed)}
+    bench.console.print(f"[bold]backpressure[/]: keyed counter, a source of {records:,} records "
+                        f"over {n_keys:,} keys, latency 5 ms, io_parallelism 1, batch 100, "
+                        f"max_in_flight 6000, {seconds:g} s")
+    bench.console.print(bench.describe_environment())
+    best, errors = experiment_runs(bench, jobs, repeats)
+    r = best.get("asyncstate")
+    table = Table(title="backpressure: the store is slower than the source")
+    for column in ("records", "rec/s", "bound", "vs bound", "peak in flight", "blocked s",
+                   "RSS growth", "goals", "result"):
+        table.add_column(column, justify="left" if column in ("goals", "result") else "right")
+    passed = None
+    growth = None
+    if r is not None:
+        growth = r.rss_peak_mb - r.rss_start_mb
+        passed = (r.in_flight_peak <= point.max_in_flight
+                  and growth <= BACKPRESSURE_GOALS["rss_growth_mb"]
+                  and (r.ratio_to_bound or 0) >= BACKPRESSURE_GOALS["ratio_to_bound"])
+        table.add_row(f"{r.records:,}", fmt_rate(r.throughput), fmt_rate(r.bound),
+                      _ratio_text(r.ratio_to_bound), f"{r.in_flight_peak:,}",
+                      f"{r.blocked_seconds:.1f}", f"{growth:.0f} MB",
+                      "peak <= 6,000; RSS <= 200 MB; >= 0.8x bound", _goal_text(passed))
+    table.caption = (f"the source offers {records:,} records as fast as admitted; the run "
+                     f"stops after {seconds:g} s (at the bound, {records:,} records would take"
+                     f" {records / r.bound if r else float('nan'):,.0f} s)")
+    bench.console.print(table)
+    print_errors(bench, errors)
+    return {"scenario": "backpressure", "ok": not errors, "goals_passed": passed,
+            "params": {"records_offered": records, "keys": n_keys, "seconds": seconds,
+                       "latency_ms": 5.0, "io_parallelism": 1, "batch_size": 100,
+                       "max_in_flight": 6000},
+            "rss_growth_mb": growth, "environment": bench.environment(),
+            "result": _result_json(r) if r else None}
+
+
 # -- command line ---------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -1900,6 +2267,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="time bound per run; the rate covers the records done by then")
     parser.add_argument("--seed", type=int, default=1, help="seed of the key order")
+    parser.add_argument("--cache-keys", type=_int_list, default=None,
+                        help="rocksdb: instead of the main table, the state-cache table at "
+                             "these numbers of keys, e.g. 100,1000,1000000 (heap, RocksDB and "
+                             "RocksDB + cache of 1 %% of the keys or 10,000 entries each)")
     parser.add_argument("--gc-threshold", type=_gc_threshold, default="default",
                         help="AsyncStateConfig.gc_threshold of the overhead and rocksdb arms, "
                              "held by every timers arm: "
@@ -1924,6 +2295,10 @@ def _gc_threshold(text: str) -> int | str | None:
     return None if word == "none" else _positive_int(text)
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(_positive_int(part) for part in text.split(",") if part)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -1936,6 +2311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Quiet library logs (structlog prints every level unless configured).
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     console = Console()
+    if not console.is_terminal:  # piped or redirected: wide enough for the widest table
+        console = Console(width=150)
     bench = Bench(args, console)
     result = SCENARIOS[args.scenario].run(bench)
     path = write_results(args.scenario, result)

@@ -125,6 +125,9 @@ BACKEND_FACTORIES: dict[str, BackendFactory] = {
     "rocksdb-p1": lambda d: ast.RocksDBBackend(_db_path(d), io_parallelism=1, inline_read_keys=0),
     # An inner backend that delivers from its own threads, behind the simulated network.
     "remote0-rocksdb": lambda d: _remote(0, ast.RocksDBBackend(_db_path(d))),
+    # A state cache in front: hits answered at issue time, writes complete at once.
+    "remote0-cache": lambda d: _remote(0, cache_entries=64),
+    "rocksdb-cache": lambda d: ast.RocksDBBackend(_db_path(d), cache_entries=64),
 }
 
 # What the state-semantics tests run on unless they narrow it: every kind of storage.

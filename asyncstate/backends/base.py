@@ -35,6 +35,9 @@ checks once when it opens (`BackendCapabilities.of`), never by probing attribute
 - `TtlBackend`: stores TTL states (timestamped entries, `asyncstate.state.ttl.layout`),
   records which states are timestamped, and runs their cleanup (incremental steps, full
   snapshot filtering); `TtlBackgroundCleaner` also cleans them up in the background.
+- `CachingBackend`: may keep a `StateCache` (`asyncstate.backends.cache`) in front of its
+  storage; a controller talking to it directly lets the cache answer at issue time, and a
+  restore empties every cache on the way to the backend holding the state.
 
 `fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial
 batches are kept back (they grow) instead of being sent early for a waiter; full batches are
@@ -60,12 +63,14 @@ from asyncstate.runtime.requests import (
 )
 
 if TYPE_CHECKING:
+    from asyncstate.backends.cache import StateCache
     from asyncstate.keygroups import KeyGroupRange
     from asyncstate.state.ttl.tracker import TtlTracker
 
 __all__ = [
     "BackendCapabilities",
     "BatchDelivery",
+    "CachingBackend",
     "ExecutorBinding",
     "GroupedSnapshotBackend",
     "ImmediateExecutor",
@@ -236,6 +241,15 @@ class TtlBackgroundCleaner(Protocol):
         """Wait until the background cleaner has nothing to do (for tests and shutdown)."""
 
 
+@runtime_checkable
+class CachingBackend(Protocol):
+    """A backend that may keep a state cache in front of its storage."""
+
+    @property
+    def state_cache(self) -> StateCache | None:
+        """The cache, or None when this backend runs without one."""
+
+
 _SNAPSHOT_METHODS = ("registered_states", "register_state", "snapshot_key_group",
                      "restore_key_group")
 _MAX_WRAPPERS = 16
@@ -250,7 +264,8 @@ class BackendCapabilities:
     itself, or the one a `WrappingBackend` wraps), None when it is no `SnapshotBackend`
     (`missing` then names the methods it lacks). `grouped`, `restorable` and `timers`: the
     backend holding the state as those Protocols, or None. `ttl` and `ttl_cleaner`: `store`
-    as `TtlBackend` and `TtlBackgroundCleaner`, or None.
+    as `TtlBackend` and `TtlBackgroundCleaner`, or None. `caches`: the state cache of the
+    backend and of every backend it wraps, outermost first.
     """
 
     backend: StateExecutor
@@ -262,6 +277,7 @@ class BackendCapabilities:
     missing: tuple[str, ...]
     ttl: TtlBackend | None = None
     ttl_cleaner: TtlBackgroundCleaner | None = None
+    caches: tuple[StateCache, ...] = ()
 
     @classmethod
     def of(cls, backend: StateExecutor) -> BackendCapabilities:
@@ -269,7 +285,11 @@ class BackendCapabilities:
         immediate = backend if isinstance(backend, ImmediateExecutor) \
             and backend.completes_at_issue else None
         held: object = backend
+        caches: list[StateCache] = []
         for _ in range(_MAX_WRAPPERS):  # wrappers of wrappers, never a cycle
+            cache = held.state_cache if isinstance(held, CachingBackend) else None
+            if cache is not None:
+                caches.append(cache)
             if not isinstance(held, WrappingBackend):
                 break
             held = held.checkpoint_backend
@@ -280,9 +300,9 @@ class BackendCapabilities:
                        held if isinstance(held, GroupedSnapshotBackend) else None,
                        held if isinstance(held, RestorableBackend) else None, timers, (),
                        ttl, held if ttl is not None
-                       and isinstance(held, TtlBackgroundCleaner) else None)
+                       and isinstance(held, TtlBackgroundCleaner) else None, tuple(caches))
         missing = tuple(m for m in _SNAPSHOT_METHODS if not callable(getattr(held, m, None)))
-        return cls(backend, immediate, None, None, None, timers, missing)
+        return cls(backend, immediate, None, None, None, timers, missing, caches=tuple(caches))
 
     def checkpoint_store(self, path: str) -> SnapshotBackend:
         """`store`, or CheckpointError naming the checkpoint at `path` and what is missing."""

@@ -42,6 +42,7 @@ from typing import Any
 import rocksdict
 
 from asyncstate.backends.base import ExecutorBinding
+from asyncstate.backends.cache import StateCache
 from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _overlaps, _plan, _StateHandle
 from asyncstate.backends.rocksdb_cleaner import BackgroundCleaner
 from asyncstate.backends.rocksdb_layout import (
@@ -179,7 +180,8 @@ class RocksDBBackend:
     thread hand-off costs more than that. 0 sends every read to the pool. `options` is a
     `RocksDBOptions`. `timers`: where the operator's timers live, "rocksdb" (in the
     directory, column families of their own, behind a small cache) or "heap" (in memory,
-    snapshotted with the state).
+    snapshotted with the state). `cache_entries` > 0 puts a write-through `StateCache` of
+    that many entries in front (`asyncstate.backends.cache`).
     """
 
     completes_at_issue = False
@@ -187,10 +189,13 @@ class RocksDBBackend:
     def __init__(self, path: str | os.PathLike[str], *,
                  io_parallelism: object = DEFAULT_IO_PARALLELISM,
                  inline_read_keys: object = DEFAULT_INLINE_READ_KEYS,
-                 options: RocksDBOptions | None = None, timers: object = "rocksdb") -> None:
-        # compiled: typed as object (both are ints), so both builds raise check_int's error.
+                 options: RocksDBOptions | None = None, timers: object = "rocksdb",
+                 cache_entries: object = 0) -> None:
+        # compiled: typed as object (all are ints), so both builds raise check_int's error.
         io_parallelism = check_int("io_parallelism", io_parallelism, 1, _MAX_IO_PARALLELISM)
         inline_read_keys = check_int("inline_read_keys", inline_read_keys, 0)
+        cache_entries = check_int("cache_entries", cache_entries, 0)
+        self._cache: StateCache | None = StateCache(cache_entries) if cache_entries else None
         if options is None:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):
@@ -338,14 +343,17 @@ class RocksDBBackend:
             raise InvalidStateError(
                 "this RocksDBBackend is already bound to an operator; "
                 "create one backend per operator")
-        if binding.loop is None:
+        loop = binding.loop
+        if loop is None:
             raise InvalidStateError("RocksDBBackend needs the operator's event loop (loop=None)")
+        if self._cache is not None:  # batches are delivered through the cache
+            binding = self._cache.open(binding, self._execute_batch)
         self._binding = binding
         self._chunk = binding.iterator_chunk_size
         self._kg_prefix = [kg.to_bytes(2, "big") for kg in range(binding.max_parallelism)]
         self._cleaner = BackgroundCleaner(self._handles, self._ttl.trackers,
                                           self._enqueue_maintenance, self._write_maintenance,
-                                          binding.loop)
+                                          loop)
         max_p = binding.max_parallelism
         stored = self._stored_max_p
         if self._unusable is None:  # else a restore must come first, which records max_p
@@ -403,8 +411,20 @@ class RocksDBBackend:
         self._handles[name] = handle
         return handle
 
+    @property
+    def state_cache(self) -> StateCache | None:
+        """The cache in front of the database, or None (`cache_entries=0`)."""
+        return self._cache
+
     def execute_batch(self, batch: list[StateRequest]) -> None:
-        """Plan the batch now (phase 1), then read and apply it in trigger order."""
+        """Plan the batch now (phase 1), then read and apply it in trigger order (through
+        the cache, when there is one)."""
+        if self._cache is not None and self._binding is not None:
+            self._cache.execute_batch(batch)
+        else:
+            self._execute_batch(batch)
+
+    def _execute_batch(self, batch: list[StateRequest]) -> None:
         binding = self._binding
         if binding is None:
             raise InvalidStateError("open() the RocksDBBackend before executing batches")
@@ -784,6 +804,8 @@ class RocksDBBackend:
         lower = key_group.to_bytes(2, "big")
         upper = (key_group + 1).to_bytes(2, "big")
         handles = self._handles
+        if self._cache is not None:
+            self._cache.invalidate()
         # 1. Only a state that already holds data in this key group needs a list or map
         #    cleared before it is written: a fresh database takes no range tombstones.
         occupied = set()
@@ -857,6 +879,8 @@ class RocksDBBackend:
                 f"RocksDBBackend {self._path!r} has batches under way; its state can only be "
                 "discarded while no batch is under way")
         dropped = sorted(self._handles)
+        if self._cache is not None:
+            self._cache.invalidate()
         # Whatever there is to drop, the directory is fresh afterwards: usable, and cut by
         # this operator's key groups.
         self._unusable = None

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from asyncstate.operator.inbox import Inbox
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.controller import AsyncExecutionController
+from asyncstate.runtime.occupancy import Occupancy
 
 __all__ = ["AdmissionGate"]
 
@@ -27,7 +28,7 @@ class AdmissionGate:
     """
 
     __slots__ = ("_controller", "_holds", "_inbox", "_limit", "_ready", "_released",
-                 "blocked_seconds", "peak", "records_in")
+                 "blocked_seconds", "occupancy", "peak", "records_in")
 
     def __init__(self, controller: AsyncExecutionController, inbox: Inbox, limit: int,
                  ready: Callable[[], object]) -> None:
@@ -40,6 +41,8 @@ class AdmissionGate:
         self.records_in = 0
         self.peak = 0
         self.blocked_seconds = 0.0
+        # When measured (KeyedOperator.measure_occupancy): stepped up per admitted record.
+        self.occupancy: Occupancy | None = None
 
     def __repr__(self) -> str:
         return (f"<AdmissionGate in_flight={self.in_flight}/{self._limit} "
@@ -82,6 +85,9 @@ class AdmissionGate:
 
     def _admit(self, ctx: RecordContext) -> None:
         self.records_in += 1
+        occupancy = self.occupancy
+        if occupancy is not None:
+            occupancy.step(1)
         inbox = self._inbox
         inbox.post_record(ctx)
         in_flight = inbox.queued + self._controller.in_flight_record_num

@@ -39,6 +39,8 @@ def restore(capabilities: BackendCapabilities, path: str, key_groups: KeyGroupRa
     extras = read_operator_extras(checkpoint)  # checked before any state moves
     check_restorable(checkpoint, key_groups, max_parallelism)
     store = capabilities.checkpoint_store(checkpoint.path)
+    for cache in capabilities.caches:  # what they hold is about to be replaced
+        cache.invalidate()
     restorable = capabilities.restorable
     if restorable is not None:
         restorable.mark_restoring(True)  # a restore failing from here leaves it refused

@@ -35,6 +35,7 @@ from asyncstate.runtime import gc_threshold
 from asyncstate.runtime.context import RecordContext, current_context
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
+from asyncstate.runtime.occupancy import Occupancy
 from asyncstate.timers.service import (
     TimerService,
     TimerServiceView,
@@ -110,6 +111,7 @@ class KeyedOperator:
             max_parallelism=config.max_parallelism,
             iterator_chunk_size=config.iterator_chunk_size,
             time_records=config.record_timeout_ms is not None)
+        controller.add_failure_listener(self._log_failure)
         if config.record_timeout_ms is not None:
             self._watchdog = RecordWatchdog(asyncio.get_running_loop(), controller,
                                             config.record_timeout_ms)
@@ -180,7 +182,9 @@ class KeyedOperator:
         if self._watchdog is not None:
             self._watchdog.start()
         log.debug("operator.open", function=type(self.function).__name__,
-                  index=self.operator_index, parallelism=self.parallelism)
+                  index=self.operator_index, parallelism=self.parallelism,
+                  backend=type(self.backend).__name__,
+                  restored_from=None if self.restore_from is None else str(self.restore_from))
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -214,6 +218,14 @@ class KeyedOperator:
         if self._state == "closed":
             return
         opened, self._state = self._state != "new", "closed"
+        if opened:
+            metrics = self.metrics
+            log.debug("operator.closed", function=type(self.function).__name__,
+                      index=self.operator_index, records=metrics["records_done"],
+                      batches=metrics["batches"], requests=metrics["requests"],
+                      blocked_seconds=round(metrics["blocked_seconds"], 6),
+                      failed=self._controller is not None
+                      and self._controller.failure is not None)
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._timers is not None:
@@ -235,6 +247,10 @@ class KeyedOperator:
                 gc_threshold.release(self._gc_threshold)
             self.backend.close()
         await functions.settle(closed)
+
+    def _log_failure(self, exc: BaseException) -> None:
+        log.info("operator.failed", function=type(self.function).__name__,
+                 index=self.operator_index, error=repr(exc))
 
     def _ready(self) -> AsyncExecutionController:
         """The controller, if the operator takes calls now; else the reason it does not."""
@@ -304,11 +320,13 @@ class KeyedOperator:
     # -- progress --------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait until no record is in flight (partial batches are sent at once)."""
+        """Wait until no record is in flight and the store has applied every write
+        (partial batches are sent at once)."""
         controller = self._ready_to_wait("drain()")
         gate = self._gate
         assert gate is not None
-        await controller.wait_until(lambda: gate.in_flight == 0)
+        await controller.wait_until(
+            lambda: gate.in_flight == 0 and controller.buffered_writes == 0)
 
     async def advance_watermark(self, timestamp: object) -> None:
         """Advance event time; returns after every earlier record has finished and every
@@ -357,8 +375,19 @@ class KeyedOperator:
 
     @property
     def metrics(self) -> dict[str, Any]:
-        """Counters of this operator (see docs/api.md)."""
-        return operator_metrics(self._controller, self._gate)
+        """Counters, gauges and histograms of this operator (`asyncstate.operator.metrics`
+        lists them; docs/metrics.md explains them)."""
+        caches = self._capabilities.caches if self._capabilities is not None else ()
+        return operator_metrics(self._controller, self._gate, caches)
+
+    def measure_occupancy(self) -> Occupancy:
+        """Start integrating the records admitted and not finished over time (while running;
+        two clock readings per record from now on): `mean()` of the result is their
+        time-weighted mean, for Little's law (see `asyncstate.runtime.occupancy`)."""
+        gate, controller = self._started(self._gate), self._started(self._controller)
+        occupancy = Occupancy(gate.in_flight)
+        gate.occupancy = controller.occupancy = occupancy
+        return occupancy
 
     def _started(self, part: _P | None) -> _P:
         if part is None:

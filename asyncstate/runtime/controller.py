@@ -6,8 +6,10 @@ The controller wires a request buffer, a key accounting unit and an epoch manage
 1. A record context becomes *in flight* with its first request or sync point, if capacity
    allows (`max_in_flight`); otherwise its requests wait for capacity, in order.
 2. An in-flight context that holds its key sends requests to the active queue (or, with an
-   immediate executor, completes them at once); one that does not hold its key parks them
-   in the key's blocking queue.
+   immediate executor, completes them at once; with a caching executor, its cache answers
+   the reads it can at once, and writes complete at once while they wait for the store:
+   *buffered writes*, at most `max_in_flight` of them); one that does not hold its key
+   parks them in the key's blocking queue.
 3. The active queue goes out as a batch when it reaches `batch_size`, on the buffer
    timeout, or at once while anyone waits for progress (`wait_until`, drains).
 4. When a context's references drop to zero it is disposed: its key passes to the next
@@ -28,10 +30,17 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from asyncstate.backends.base import ExecutorBinding, ImmediateExecutor, StateExecutor
+from asyncstate.backends.base import (
+    CachingBackend,
+    ExecutorBinding,
+    ImmediateExecutor,
+    StateExecutor,
+)
+from asyncstate.backends.cache import BUFFERED, MISS, StateCache
 from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
 from asyncstate.errors import InvalidStateError
 from asyncstate.log import get_logger
+from asyncstate.runtime.batch_stats import BatchStats
 from asyncstate.runtime.buffer import StateRequestBuffer, TimeoutScheduler
 from asyncstate.runtime.context import (
     _CURRENT,
@@ -42,6 +51,7 @@ from asyncstate.runtime.context import (
 from asyncstate.runtime.epoch import EpochManager
 from asyncstate.runtime.future import _DONE, StateFuture, failed_future
 from asyncstate.runtime.key_accounting import KeyAccountingUnit
+from asyncstate.runtime.occupancy import Occupancy
 from asyncstate.runtime.requests import StateRequest, StateRequestType
 from asyncstate.serde import NONE_BYTES, canonical_key, key_group_of_bytes
 
@@ -62,6 +72,8 @@ _ENTER_AND_RUN: Final = _enter_and_run
 log = get_logger("asyncstate.controller")
 
 _SYNC_POINT: Final = StateRequestType.SYNC_POINT  # compiled: Final alias
+_MISS: Final = MISS  # compiled: Final alias
+_BUFFERED: Final = BUFFERED  # compiled: Final alias
 _current_task: Final = asyncio.current_task  # compiled: Final alias
 _monotonic: Final = time.monotonic  # compiled: Final alias
 _get_running_loop: Final = asyncio._get_running_loop  # compiled: Final alias
@@ -91,6 +103,13 @@ class AsyncExecutionController:
             and executor.completes_at_issue else None
         self._immediate = immediate
         self._immediate_ops = immediate.immediate_ops if immediate is not None else None
+        # A cache in front of the executor answers at issue time what it can (checked once).
+        cache = executor.state_cache if immediate is None \
+            and isinstance(executor, CachingBackend) else None
+        if cache is not None:
+            cache.serve_at_issue()
+        self._cache: StateCache | None = cache
+        self._buffered_writes = 0
         self._buffer = StateRequestBuffer(timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
@@ -113,6 +132,9 @@ class AsyncExecutionController:
         self.requests = 0
         self.max_batch_size = 0
         self.batches_in_executor = 0
+        self.batch_stats = BatchStats()
+        # When measured (KeyedOperator.measure_occupancy): stepped down per finished context.
+        self.occupancy: Occupancy | None = None
         executor.open(ExecutorBinding(loop=loop, deliver=self._deliver,
                                       iterator_chunk_size=chunk_size,
                                       max_parallelism=self.max_parallelism))
@@ -201,6 +223,29 @@ class AsyncExecutionController:
                 fut._state = _DONE
                 fut._result = result
                 return fut
+            cache = self._cache
+            if cache is not None:
+                try:
+                    result = cache.answer(state, request_type, payload, ctx.key_bytes, ns)
+                except Exception as exc:  # noqa: BLE001 - a cache failure fails the run
+                    self.fail(exc)
+                    return failed_future(exc)
+                if result is _BUFFERED:
+                    if self._buffered_writes < self.max_in_flight:
+                        # The write completes now and goes to the store without holding up
+                        # its record (its request's future has no context); it reaches the
+                        # store before any later request of its state (see cache.py).
+                        self._buffered_writes += 1
+                        self._enqueue_active(StateRequest(state, request_type, payload, ns,
+                                                          ctx, StateFuture()))
+                        result = None
+                    else:
+                        result = _MISS  # enough writes wait already: this one holds its record
+                if result is not _MISS:  # a hit: no request, as with an immediate executor
+                    fut = StateFuture()
+                    fut._state = _DONE
+                    fut._result = result
+                    return fut
             fut = StateFuture(ctx)
             self._enqueue_active(StateRequest(state, request_type, payload, ns, ctx, fut))
             return fut
@@ -318,6 +363,19 @@ class AsyncExecutionController:
                 return
             request.future._complete(result)
             return
+        cache = self._cache
+        if cache is not None:
+            try:
+                result = cache.answer(request.state,  # type: ignore[arg-type]
+                                      request.request_type, request.payload,
+                                      request.context.key_bytes, request.namespace)
+            except Exception as exc:  # noqa: BLE001 - a cache failure fails the run
+                self.fail(exc)
+                request.future._fail(exc)
+                return
+            if result is not _MISS and result is not _BUFFERED:
+                request.future._complete(result)
+                return
         self._enqueue_active(request)
 
     def _execute_now(self, state: Any, request_type: StateRequestType, payload: Any,
@@ -357,6 +415,7 @@ class AsyncExecutionController:
         self._in_executor[id(batch)] = batch
         if len(batch) > self.max_batch_size:
             self.max_batch_size = len(batch)
+        self.batch_stats.sent(batch)
         try:
             self._executor.execute_batch(batch)
         except Exception as exc:  # noqa: BLE001 - a broken executor fails the run
@@ -366,9 +425,12 @@ class AsyncExecutionController:
         """Fail the run with `exc` and every request of `batch` with it."""
         if self._in_executor.pop(id(batch), None) is not None:
             self.batches_in_executor -= 1
+        self.batch_stats.dropped(batch)
         self.fail(exc)
         for request in batch:
             fut = request.future
+            if fut._ctx is None:  # a buffered write
+                self._buffered_writes -= 1
             if not fut.done():
                 fut._observed = True
                 fut._fail(exc)
@@ -408,10 +470,14 @@ class AsyncExecutionController:
             return
         del self._in_executor[id(batch)]
         self.batches_in_executor -= 1
+        self.batch_stats.delivered(batch)
         escaped: BaseException | None = None
         for i in range(len(batch)):  # compiled: index loop (lengths checked above)
+            fut = batch[i].future
+            if fut._ctx is None:  # only buffered writes have no context
+                self._buffered_writes -= 1
             try:
-                batch[i].future._complete(results[i])
+                fut._complete(results[i])
             except BaseException as exc:  # noqa: BLE001 - raised below, after the rest
                 # A callback let a BaseException through: the batch's other futures still
                 # complete, so no record waits forever for its result.
@@ -440,6 +506,9 @@ class AsyncExecutionController:
         self._in_flight -= 1
         ctx.in_flight = False
         self.records_done += 1
+        occupancy = self.occupancy
+        if occupancy is not None:
+            occupancy.step(-1)
         buffer = self._buffer
         # Hand the key to the next blocked context now, so nobody can jump the queue, and
         # run its work from the trampoline. It takes the key with all its blocked requests,
@@ -603,6 +672,7 @@ class AsyncExecutionController:
         for batch in self._in_executor.values():
             requests.extend(batch)
         self._in_executor.clear()
+        self.batch_stats.clear()
         for parked in self._parked.values():
             requests.extend(parked)
         self._parked.clear()
@@ -647,6 +717,16 @@ class AsyncExecutionController:
     def occupied_key_num(self) -> int:
         """Keys held by a record."""
         return self._kau.occupied_count()
+
+    @property
+    def buffered_writes(self) -> int:
+        """Writes completed at issue time that the store has not applied yet (see step 2)."""
+        return self._buffered_writes
+
+    @property
+    def state_cache(self) -> StateCache | None:
+        """The executor's cache when it answers at issue time, else None."""
+        return self._cache
 
     @property
     def parked_context_num(self) -> int:

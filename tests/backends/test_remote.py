@@ -260,10 +260,10 @@ def test_remote_backend_rejects_bad_cache_entries(bad):
 
 
 @pytest.mark.parametrize("cache_entries", [1, 1000])
-def test_remote_backend_cache_entries_is_not_implemented(cache_entries):
-    with pytest.raises(NotImplementedError,
-                       match=r"^cache_entries is not available in this version$"):
-        ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0, cache_entries=cache_entries)
+def test_remote_backend_cache_entries_sizes_its_cache(cache_entries):
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0,
+                                         cache_entries=cache_entries)
+    assert backend.state_cache is not None and backend.state_cache.capacity == cache_entries
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, 2, -1, True, False, float("nan"), float("inf"),

@@ -107,6 +107,16 @@ async def test_matrix_slice_on_rocksdb_and_the_batched_heap(backend, case):
     await _check_case(backend, *case)
 
 
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+@pytest.mark.parametrize("backend", ["remote0-cache", "rocksdb-cache"], indirect=True)
+@pytest.mark.parametrize("case", ROCKSDB_SLICE, ids=_case_id)
+async def test_matrix_slice_behind_a_state_cache(backend, case):
+    # A cache would answer a read from what it saw written, blind to expiry: TTL states
+    # pass by it; with UpdateType.DISABLED the state is a plain one, and cached.
+    await _check_case(backend, *case)
+    assert backend.state_cache.size == (1 if case[1] is DISABLED else 0)
+
+
 # -- the rule and its boundary --------------------------------------------------------------
 
 async def _value_plan(backend: Any, config: ast.StateTtlConfig, plan_times: list[tuple[int, str]],

@@ -102,6 +102,8 @@ def bind_layout(descriptor: StateDescriptor, controller: AsyncExecutionControlle
             f"state {name!r} has a TTL config, but this RuntimeContext belongs to no operator "
             "(TTL reads the operator's clock or watermark): declare it in the open() of a "
             "function run by ast.KeyedOperator or ast.run")
+    for cache in capabilities.caches:  # expiry is decided by the store, at its time
+        cache.bypass(name)
     domain = config.ttl_time_characteristic.value
     had_entries = store.has_entries(name)
     _reconcile(store, name, stored, domain, had_entries, operator, source)

@@ -1,0 +1,615 @@
+"""StateCache: a bounded, write-through cache of decoded state in front of an executor.
+
+A backend with `cache_entries > 0` (`SimulatedRemoteBackend`, `RocksDBBackend`) keeps one.
+The cache holds, per (state, key, namespace), what it knows exactly:
+
+- value, reducing and aggregating state: the stored value, or that there is none;
+- list state: every element (only once a read loaded the whole list, or a write set it);
+- map state: some user keys' values or absence, or every entry (`complete`).
+
+Every request passes through `answer` once, in the order the key's requests take effect: a
+write updates the cache and goes on to the backend (write-through: `BUFFERED`); a read that
+the cache can answer exactly is answered (a hit: no backend call); any other read goes on
+to the backend (a miss: `MISS`), and its result fills the cache when it comes back, unless
+a write to the same entry was answered meanwhile (the result would be stale). So the cache
+never answers other than the backend would, and each executor's ordering promise holds.
+
+Where `answer` runs:
+
+1. At issue time, when the controller talks to the caching backend directly (it finds the
+   cache through `CachingBackend` and calls `serve_at_issue`): a hit completes the request
+   there, as the heap backend does, and only writes and misses become batch requests. The
+   controller may also complete a write at once (`BUFFERED`) and send it on without holding
+   up its record: every later request of the same state passes this cache first and
+   reaches the backend after that write, so nobody can tell, except by the time it takes
+   (the operator's drain waits until the backend has applied every write).
+   At trigger time, a value write that a later write of the same entry in the batch
+   replaces (with no read of it between them) is left out of what goes to the backend.
+2. Otherwise at trigger time, inside `execute_batch`: hits are answered, the rest of the
+   batch goes to the backend in its order, and the batch is delivered once that part is.
+
+Bounded by entries, least recently used first out: a value entry counts 1, a list or map
+entry 1 plus its elements. Values are kept in stored form (scalars as they are, containers
+packed), so every hit hands out a fresh copy. `invalidate()` empties it (a restore calls it).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgpack
+
+from asyncstate.backends.base import BatchDelivery, ExecutorBinding
+from asyncstate.packed import Packed
+from asyncstate.runtime.requests import (
+    IteratorChunk,
+    RequestState,
+    StateKind,
+    StateRequest,
+    StateRequestType,
+)
+from asyncstate.serde import canonical_key, decode_key, decode_value
+
+__all__ = ["BUFFERED", "MISS", "StateCache"]
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+MISS: Final = _Marker("MISS")  # `answer`: a read the backend answers
+BUFFERED: Final = _Marker("BUFFERED")  # `answer`: a write, cached, that goes on to the backend
+_ABSENT: Final = _Marker("ABSENT")  # a cached entry, or map user key, known to hold nothing
+_UNKNOWN: Final = _Marker("UNKNOWN")  # dict.get default: nothing cached
+
+_Packed: Final = Packed  # compiled: Final alias
+_decode_value: Final = decode_value  # compiled: Final alias
+_packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # compiled: Final alias
+_SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes})
+
+_T = StateRequestType
+_VALUE_GET: Final = _T.VALUE_GET  # compiled: Final alias
+_VALUE_UPDATE: Final = _T.VALUE_UPDATE  # compiled: Final alias
+_REDUCING_GET: Final = _T.REDUCING_GET  # compiled: Final alias
+_REDUCING_ADD: Final = _T.REDUCING_ADD  # compiled: Final alias
+_AGGREGATING_GET: Final = _T.AGGREGATING_GET  # compiled: Final alias
+_AGGREGATING_ADD: Final = _T.AGGREGATING_ADD  # compiled: Final alias
+_CLEAR: Final = _T.CLEAR  # compiled: Final alias
+_LIST_GET: Final = _T.LIST_GET  # compiled: Final alias
+_LIST_ADD: Final = _T.LIST_ADD  # compiled: Final alias
+_LIST_UPDATE: Final = _T.LIST_UPDATE  # compiled: Final alias
+_LIST_ADD_ALL: Final = _T.LIST_ADD_ALL  # compiled: Final alias
+_MAP_GET: Final = _T.MAP_GET  # compiled: Final alias
+_MAP_CONTAINS: Final = _T.MAP_CONTAINS  # compiled: Final alias
+_MAP_PUT: Final = _T.MAP_PUT  # compiled: Final alias
+_MAP_PUT_ALL: Final = _T.MAP_PUT_ALL  # compiled: Final alias
+_MAP_REMOVE: Final = _T.MAP_REMOVE  # compiled: Final alias
+_MAP_ITER: Final = _T.MAP_ITER  # compiled: Final alias
+_MAP_ITER_KEY: Final = _T.MAP_ITER_KEY  # compiled: Final alias
+_MAP_ITER_VALUE: Final = _T.MAP_ITER_VALUE  # compiled: Final alias
+_MAP_IS_EMPTY: Final = _T.MAP_IS_EMPTY  # compiled: Final alias
+_LOADING: Final = _T.ITERATOR_LOADING  # compiled: Final alias
+
+_VALUE_KINDS: Final = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
+# Reads: answered by the cache when it knows, else filled from the backend's answer.
+_READS: Final = frozenset({_VALUE_GET, _REDUCING_GET, _AGGREGATING_GET, _LIST_GET, _MAP_GET,
+                           _MAP_CONTAINS, _MAP_ITER, _MAP_ITER_KEY, _MAP_ITER_VALUE,
+                           _MAP_IS_EMPTY})
+
+EntryKey = tuple[str, bytes, bytes]  # (state name, key bytes, namespace bytes)
+
+
+def _to_stored(value: Any) -> Any:
+    """The stored form of a value the backend returned (scalars as they are)."""
+    return value if type(value) in _SCALARS else _Packed(_packb(value))
+
+
+def _from_stored(stored: Any) -> Any:
+    return _decode_value(stored) if type(stored) is _Packed else stored
+
+
+class _MapEntry:
+    """What the cache knows of one map: `items` maps user key bytes to a stored value or
+    `_ABSENT`; with `complete`, it holds every entry (and no `_ABSENT`)."""
+
+    __slots__ = ("complete", "items")
+
+    def __init__(self, complete: bool, items: dict[bytes, Any]) -> None:
+        self.complete = complete
+        self.items = items
+
+
+class _Cursor:
+    """Continuation of an iteration the cache answered: a copy of the items, the offset."""
+
+    __slots__ = ("items", "offset", "request_type")
+
+    def __init__(self, request_type: StateRequestType, items: list[Any], offset: int) -> None:
+        self.request_type = request_type
+        self.items = items
+        self.offset = offset
+
+
+class _Split:
+    """A batch answered in part by the cache (trigger time): the requests sent on, the
+    results so far and, for each request sent on, its position in the batch."""
+
+    __slots__ = ("batch", "results", "sent", "slots")
+
+    def __init__(self, batch: list[StateRequest], sent: list[StateRequest], results: list[Any],
+                 slots: list[int]) -> None:
+        self.batch = batch
+        self.sent = sent
+        self.results = results
+        self.slots = slots
+
+
+class StateCache:
+    """The cache of one backend, `capacity` entries (see the module docstring).
+
+    The backend calls `open(binding, execute)` from its own `open`, sends every batch to
+    `execute_batch` and gives its own batches to `execute` (it delivers them through the
+    binding `open` returned).
+    """
+
+    __slots__ = ("_bypass", "_chunk", "_deliver", "_entries", "_execute", "_reading",
+                 "_issue_time", "_splits", "_stale", "_weight", "capacity", "evictions", "hits",
+                 "misses")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[EntryKey, Any] = OrderedDict()
+        self._weight = 0
+        # Reads of each entry on their way to the backend, and the entries written since one
+        # of them was sent (their answers must not fill the cache).
+        self._reading: dict[EntryKey, int] = {}
+        self._stale: set[EntryKey] = set()
+        self._splits: dict[int, _Split] = {}
+        self._bypass: set[str] = set()  # states never cached (see `bypass`)
+        self._issue_time = False
+        self._chunk = 1000
+        self._deliver: BatchDelivery | None = None
+        self._execute: Callable[[list[StateRequest]], None] | None = None
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __repr__(self) -> str:
+        mode = "issue time" if self._issue_time else "trigger time"
+        return (f"<StateCache {len(self._entries)} entries, weight {self._weight}/"
+                f"{self.capacity}, hits={self.hits} misses={self.misses} ({mode})>")
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def open(self, binding: ExecutorBinding,
+             execute: Callable[[list[StateRequest]], None]) -> ExecutorBinding:
+        """Bind to the operator's delivery; returns the binding the backend delivers its
+        batches through (they come back here first)."""
+        self._deliver = binding.deliver
+        self._execute = execute
+        self._chunk = binding.iterator_chunk_size
+        return ExecutorBinding(loop=binding.loop, deliver=self._delivered,
+                               iterator_chunk_size=binding.iterator_chunk_size,
+                               max_parallelism=binding.max_parallelism)
+
+    def serve_at_issue(self) -> None:
+        """From now on the controller calls `answer` for every request at issue time, and
+        batches hold only writes and misses (call before the first request)."""
+        self._issue_time = True
+
+    def bypass(self, name: str) -> None:
+        """Never cache state `name`: its requests all go to the backend, as without a cache
+        (a TTL state: whether an entry has expired is the backend's answer, at its time)."""
+        self._bypass.add(name)
+
+    @property
+    def size(self) -> int:
+        """Entries cached."""
+        return len(self._entries)
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over reads answered or sent on (0.0 before any read)."""
+        reads = self.hits + self.misses
+        return self.hits / reads if reads else 0.0
+
+    def invalidate(self) -> None:
+        """Forget everything (the backend's state was replaced, as by a restore). Reads on
+        their way fill nothing."""
+        self._entries.clear()
+        self._weight = 0
+        self._stale.update(self._reading)
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def execute_batch(self, batch: list[StateRequest]) -> None:
+        """Send `batch` to the backend; at trigger time, answer what the cache can first."""
+        execute = self._execute
+        assert execute is not None, "open() the backend first"
+        results: list[Any] = [None] * len(batch)
+        sent: list[StateRequest] = []
+        slots: list[int] = []
+        if self._issue_time:
+            if self._coalesce(batch, sent, slots):
+                self._send_part(batch, sent, results, slots)
+            else:
+                execute(batch)
+            return
+        try:
+            for i in range(len(batch)):  # compiled: index loop
+                request = batch[i]
+                result = self.answer(request.state, request.request_type,  # type: ignore[arg-type]
+                                     request.payload, request.context.key_bytes,
+                                     request.namespace)
+                if result is MISS or result is BUFFERED:
+                    sent.append(request)
+                    slots.append(i)
+                else:
+                    results[i] = result
+        except Exception as exc:  # noqa: BLE001 - reported through deliver
+            self._unregister(sent)
+            self._deliver(batch, None, exc)  # type: ignore[misc]
+            return
+        if not sent:
+            self._deliver(batch, results, None)  # type: ignore[misc]
+            return
+        if len(sent) == len(batch):
+            execute(batch)
+            return
+        self._send_part(batch, sent, results, slots)
+
+    def _send_part(self, batch: list[StateRequest], sent: list[StateRequest],
+                   results: list[Any], slots: list[int]) -> None:
+        """Send the requests `sent` of `batch` (at positions `slots`) to the backend; the
+        batch is delivered with `results` once they come back."""
+        execute = self._execute
+        assert execute is not None
+        self._splits[id(sent)] = _Split(batch, sent, results, slots)
+        try:
+            execute(sent)
+        except BaseException:
+            self._splits.pop(id(sent), None)
+            self._unregister(sent)
+            raise
+
+    @staticmethod
+    def _coalesce(batch: list[StateRequest], sent: list[StateRequest],
+                  slots: list[int]) -> bool:
+        """Leave out the value writes a later write of the same entry in `batch` replaces,
+        with no read of it between them (their result is None either way); the requests
+        kept go into `sent`, their positions into `slots`. False (nothing filled in) when
+        every request is kept."""
+        later: set[EntryKey] = set()  # entries written further on, no read between
+        dropped: list[int] = []
+        for i in range(len(batch) - 1, -1, -1):  # compiled: index loop
+            request = batch[i]
+            t = request.request_type
+            if t is _VALUE_UPDATE or t is _REDUCING_ADD or t is _AGGREGATING_ADD or (
+                    t is _CLEAR and request.state.kind in _VALUE_KINDS):  # type: ignore[union-attr]
+                key = (request.state.name,  # type: ignore[union-attr]
+                       request.context.key_bytes, request.namespace)
+                if key in later:
+                    dropped.append(i)
+                else:
+                    later.add(key)
+            elif t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
+                later.discard((request.state.name,  # type: ignore[union-attr]
+                               request.context.key_bytes, request.namespace))
+        if not dropped:
+            return False
+        dropped.reverse()
+        d = 0
+        for i in range(len(batch)):  # compiled: index loop
+            if d < len(dropped) and dropped[d] == i:
+                d += 1
+                continue
+            sent.append(batch[i])
+            slots.append(i)
+        return True
+
+    def _delivered(self, batch: list[StateRequest], results: list[Any] | None,
+                   error: BaseException | None) -> None:
+        """The backend delivered one of its batches: fill the cache, deliver the batch."""
+        deliver = self._deliver
+        assert deliver is not None
+        split = self._splits.pop(id(batch), None)
+        if split is not None and split.sent is batch:
+            if error is not None or results is None:
+                self._unregister(batch)
+                deliver(split.batch, None, error)
+                return
+            if len(results) != len(batch):
+                self._unregister(batch)
+                deliver(split.batch, results, None)  # the controller names the mismatch
+                return
+            self._fill_all(batch, results)
+            merged = split.results
+            slots = split.slots
+            for i in range(len(slots)):  # compiled: index loop
+                merged[slots[i]] = results[i]
+            deliver(split.batch, merged, None)
+            return
+        if error is not None or results is None or len(results) != len(batch):
+            self._unregister(batch)
+        else:
+            self._fill_all(batch, results)
+        deliver(batch, results, error)
+
+    def _fill_all(self, batch: list[StateRequest], results: list[Any]) -> None:
+        reads = _READS
+        for i in range(len(batch)):  # compiled: index loop
+            request = batch[i]
+            if request.request_type in reads:
+                self._fill(request, results[i])
+
+    def _unregister(self, batch: list[StateRequest]) -> None:
+        reads = _READS
+        for request in batch:
+            if request.request_type in reads:
+                self._done_reading(self._key_of(request))
+
+    @staticmethod
+    def _key_of(request: StateRequest) -> EntryKey:
+        return (request.state.name,  # type: ignore[union-attr]
+                request.context.key_bytes, request.namespace)
+
+    # -- the entries -----------------------------------------------------------------------
+
+    def _put(self, key: EntryKey, entry: Any, weight: int) -> None:
+        """Cache `entry` (replacing what was there) as the most recently used."""
+        entries = self._entries
+        old = entries.get(key, _UNKNOWN)
+        if weight > self.capacity:  # too large to keep: forget it
+            if old is not _UNKNOWN:
+                del entries[key]
+                self._weight -= self._weight_of(old)
+            return
+        entries[key] = entry
+        if old is _UNKNOWN:
+            self._weight += weight
+        else:
+            entries.move_to_end(key)
+            self._weight += weight - self._weight_of(old)
+        if self._weight > self.capacity:
+            self._evict()
+
+    def _grew(self, key: EntryKey, by: int) -> None:
+        """The entry `key` (just used) grew by `by` elements."""
+        self._weight += by
+        if self._weight_of(self._entries[key]) > self.capacity:
+            self._drop(key)
+        self._evict()
+
+    def _drop(self, key: EntryKey) -> None:
+        old = self._entries.pop(key, _UNKNOWN)
+        if old is not _UNKNOWN:
+            self._weight -= self._weight_of(old)
+
+    def _evict(self) -> None:
+        entries = self._entries
+        while self._weight > self.capacity and entries:
+            _key, old = entries.popitem(last=False)
+            self._weight -= self._weight_of(old)
+            self.evictions += 1
+
+    @staticmethod
+    def _weight_of(entry: Any) -> int:
+        if type(entry) is list:
+            return 1 + len(entry)
+        if type(entry) is _MapEntry:
+            return 1 + len(entry.items)
+        return 1
+
+    def _known(self, key: EntryKey) -> Any:
+        """The cached entry of `key` as the most recently used, or `_UNKNOWN`."""
+        entries = self._entries
+        entry = entries.get(key, _UNKNOWN)
+        if entry is not _UNKNOWN:
+            entries.move_to_end(key)
+        return entry
+
+    def _miss(self, key: EntryKey) -> Any:
+        """Count a read sent to the backend; its answer may fill `key`."""
+        self.misses += 1
+        reading = self._reading
+        reading[key] = reading.get(key, 0) + 1
+        return MISS
+
+    def _written(self, key: EntryKey) -> None:
+        """A write to `key`: answers of reads sent before it are stale."""
+        if key in self._reading:
+            self._stale.add(key)
+
+    def _done_reading(self, key: EntryKey) -> bool:
+        """One read of `key` came back; whether its answer may fill the cache."""
+        reading = self._reading
+        count = reading.get(key, 0)
+        if count <= 0:
+            return False
+        stale = key in self._stale
+        if count == 1:
+            del reading[key]
+            if stale:
+                self._stale.discard(key)
+        else:
+            reading[key] = count - 1
+        return not stale
+
+    def _map_entry(self, key: EntryKey) -> _MapEntry:
+        """The cached map of `key`, created (knowing nothing) if missing."""
+        entry = self._known(key)
+        if type(entry) is _MapEntry:
+            return entry
+        created = _MapEntry(False, {})
+        self._put(key, created, 1)
+        return created
+
+    # -- answering -------------------------------------------------------------------------
+
+    def answer(self, state: RequestState, request_type: StateRequestType, payload: Any,
+               key_bytes: bytes, namespace: bytes) -> Any:
+        """Apply one request to the cache: the result of a read it can answer, `MISS` for
+        a read it cannot, `BUFFERED` for a write (the cache holds its effect; it must go on
+        to the backend: the cache is write-through). Every request of a state the cache
+        bypasses is a `MISS`."""
+        t = request_type
+        if t is _LOADING:
+            continuation = payload[1]
+            if type(continuation) is _Cursor:
+                self.hits += 1
+                return self._chunk_of(continuation.request_type, continuation.items,
+                                      continuation.offset, copy=False)
+            return MISS
+        name = state.name
+        if name in self._bypass:
+            return MISS  # sent on as it is; its answer fills nothing (no read registered)
+        key: EntryKey = (name, key_bytes, namespace)
+        if t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
+            entry = self._known(key)
+            if entry is _UNKNOWN:
+                return self._miss(key)
+            self.hits += 1
+            return None if entry is _ABSENT else _from_stored(entry)
+        if t is _VALUE_UPDATE or t is _REDUCING_ADD or t is _AGGREGATING_ADD:
+            self._written(key)
+            self._put(key, _ABSENT if payload is None else payload, 1)
+            return BUFFERED
+        if t in _READS:
+            return self._answer_read(key, t, payload)
+        self._written(key)
+        self._write(key, t, payload, state.kind)
+        return BUFFERED
+
+    def _answer_read(self, key: EntryKey, t: StateRequestType, payload: Any) -> Any:
+        entry = self._known(key)
+        if entry is _UNKNOWN:
+            return self._miss(key)
+        if t is _LIST_GET:
+            if type(entry) is not list:
+                return self._miss(key)
+            self.hits += 1
+            return self._chunk_of(t, entry, 0)
+        if type(entry) is not _MapEntry:
+            return self._miss(key)
+        items = entry.items
+        if t is _MAP_GET or t is _MAP_CONTAINS:
+            stored = items.get(payload, _UNKNOWN)
+            if stored is _UNKNOWN and not entry.complete:
+                return self._miss(key)
+            self.hits += 1
+            present = stored is not _UNKNOWN and stored is not _ABSENT
+            if t is _MAP_CONTAINS:
+                return present
+            return _from_stored(stored) if present else None
+        if t is _MAP_IS_EMPTY:
+            if entry.complete:
+                self.hits += 1
+                return not items
+            for stored in items.values():
+                if stored is not _ABSENT:
+                    self.hits += 1
+                    return False
+            return self._miss(key)
+        # MAP_ITER, MAP_ITER_KEY, MAP_ITER_VALUE
+        if not entry.complete:
+            return self._miss(key)
+        self.hits += 1
+        return self._chunk_of(t, list(items.items()), 0, copy=False)
+
+    def _write(self, key: EntryKey, t: StateRequestType, payload: Any,
+               kind: StateKind) -> None:
+        if t is _CLEAR:
+            if kind is StateKind.LIST:
+                self._put(key, [], 1)
+            elif kind is StateKind.MAP:
+                self._put(key, _MapEntry(True, {}), 1)
+            else:
+                self._put(key, _ABSENT, 1)
+        elif t is _LIST_ADD or t is _LIST_ADD_ALL:
+            entry = self._known(key)
+            if type(entry) is list:  # else the list is not known whole: nothing to update
+                added = [payload] if t is _LIST_ADD else list(payload)
+                entry.extend(added)
+                self._grew(key, len(added))
+        elif t is _LIST_UPDATE:
+            elements = list(payload) if payload else []
+            self._put(key, elements, 1 + len(elements))
+        elif t is _MAP_PUT or t is _MAP_REMOVE or t is _MAP_PUT_ALL:
+            pairs = [payload] if t is _MAP_PUT else \
+                [(payload, None)] if t is _MAP_REMOVE else payload
+            entry = self._map_entry(key)
+            items = entry.items
+            before = len(items)
+            for user_key, stored in pairs:
+                if stored is not None:
+                    items[user_key] = stored
+                elif entry.complete:
+                    items.pop(user_key, None)
+                else:
+                    items[user_key] = _ABSENT
+            if key in self._entries:
+                self._grew(key, len(items) - before)
+        else:
+            # A request type the cache does not model: forget the entry, never guess.
+            self._drop(key)
+
+    def _chunk_of(self, t: StateRequestType, items: list[Any], offset: int, *,
+                  copy: bool = True) -> IteratorChunk:
+        """One chunk of an iteration over `items` (list elements or map (user key, stored)
+        pairs) from `offset`; a longer iteration continues over a copy taken now."""
+        end = offset + self._chunk
+        part = items[offset:end]
+        if t is _LIST_GET:
+            decoded = [_from_stored(x) for x in part]
+        elif t is _MAP_ITER:
+            decoded = [(decode_key(k), _from_stored(v)) for k, v in part]
+        elif t is _MAP_ITER_KEY:
+            decoded = [decode_key(k) for k, _v in part]
+        else:
+            decoded = [_from_stored(v) for _k, v in part]
+        if end >= len(items):
+            return IteratorChunk(decoded, None)
+        return IteratorChunk(decoded, _Cursor(t, list(items) if copy else items, end))
+
+    # -- filling ---------------------------------------------------------------------------
+
+    def _fill(self, request: StateRequest, result: Any) -> None:
+        """A read sent to the backend came back with `result`: cache what it tells."""
+        key = self._key_of(request)
+        if not self._done_reading(key):
+            return
+        t = request.request_type
+        if t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
+            self._put(key, _ABSENT if result is None else _to_stored(result), 1)
+        elif t is _LIST_GET:
+            if type(result) is IteratorChunk and result.continuation is None:
+                elements = [_to_stored(x) for x in result.items]
+                self._put(key, elements, 1 + len(elements))
+        elif t is _MAP_GET or t is _MAP_CONTAINS:
+            if t is _MAP_CONTAINS and result:
+                return  # present, but its value is not known
+            entry = self._map_entry(key)
+            if key not in self._entries:
+                return
+            before = len(entry.items)
+            if entry.complete:
+                if result is not None and result is not False:
+                    entry.items[request.payload] = _to_stored(result)
+            else:
+                entry.items[request.payload] = _ABSENT if result is None or result is False \
+                    else _to_stored(result)
+            self._grew(key, len(entry.items) - before)
+        elif t is _MAP_ITER:
+            if type(result) is IteratorChunk and result.continuation is None:
+                items = {canonical_key(k): _to_stored(v) for k, v in result.items}
+                self._put(key, _MapEntry(True, items), 1 + len(items))
+        elif t is _MAP_IS_EMPTY and result is True:
+            self._put(key, _MapEntry(True, {}), 1)

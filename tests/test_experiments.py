@@ -1,0 +1,126 @@
+"""`asyncstate experiment backpressure` end to end on a reduced grid, and the parts it runs
+on: key streams, one run's figures in closed and open loop, the Little's-law self-check."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from asyncstate.cli import main
+from asyncstate.experiments import keys
+from asyncstate.experiments.arms import ARMS, Point, default_cache_entries
+from asyncstate.experiments.driver import run
+from asyncstate.experiments.plots import FIGURES
+from asyncstate.experiments.report import COLUMNS
+
+# Two latencies would double the longest sweep: one, and short runs, keep this under ~15 s.
+_REDUCED = ["experiment", "backpressure", "--quick", "--seconds", "0.3", "--latency-ms", "0.2",
+            "--max-in-flight", "200,40", "--buffer-timeout-ms", "5,1", "--rate", "3000,6000",
+            "--keys", "2000", "--distribution", "uniform"]
+
+
+@pytest.mark.timeout(120)
+def test_the_command_writes_a_table_csv_json_and_figures(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main([*_REDUCED, "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    for arm in ("sync baseline", "asyncstate", "asyncstate+cache"):
+        assert arm in stdout
+    with open(out / "results.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == COLUMNS
+        rows = list(reader)
+    arms = {row["arm"] for row in rows}
+    assert {"sync baseline", "asyncstate", "asyncstate+cache"} <= arms
+    assert {"asyncstate (rocksdb)", "asyncstate+cache (rocksdb)"} <= arms  # rocksdict is here
+    sweeps = collections.Counter(row["sweep"] for row in rows)
+    assert sweeps == {"latency_ms": 5, "max_in_flight": 4, "buffer_timeout_ms": 2, "rate": 4}
+    for row in rows:
+        assert row["error"] == "" and row["answer_ok"] == "True", row
+        assert float(row["throughput"]) > 0 and int(row["records"]) > 0
+        assert int(row["in_flight_peak"]) <= int(row["max_in_flight"]) or \
+            row["arm"].startswith("sync")
+        assert row["littles_law_ok"] == "True", row  # mean in flight = throughput x latency
+    sync = [r for r in rows if r["arm"] == "sync baseline"]
+    assert sync and all(r["in_flight_peak"] == "1" and r["mean_batch_size"] == "1.0"
+                        for r in sync)
+    cached = [r for r in rows if r["arm"] == "asyncstate+cache"]
+    assert all(r["cache_entries"] == str(default_cache_entries(2000)) for r in cached)
+    assert all(r["sustainable"] in ("True", "False") for r in rows if r["mode"] == "open")
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["grid"]["latency_ms"] == [0.2]
+    # Runs shared by sweeps run once: the base point, and the open loop at 3,000/s with a
+    # 5 ms buffer timeout (base of the buffer-timeout sweep, one of the rate sweep).
+    assert len(payload["runs"]) == 12
+    histogram = payload["runs"][1]["batch_size_histogram"]
+    assert histogram and all(count > 0 for _lo, _hi, count in histogram)
+    for name in FIGURES:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+@pytest.mark.timeout(60)
+def test_the_command_names_the_extra_when_matplotlib_is_missing(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["matplotlib"] = None
+        from asyncstate.cli import main
+        sys.exit(main(["experiment", "backpressure", "--quick", "--out", {str(tmp_path)!r}]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.strip() == ("asyncstate experiment: asyncstate experiment needs "
+                                   "matplotlib: pip install 'asyncstate[experiments]'")
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_zipf_keys_have_the_hottest_share_they_promise():
+    stream = keys.key_stream("zipf", 1000, 200_000, theta=0.99, seed=3)
+    share = keys.hottest_share("zipf", 1000, 0.99)
+    counts = collections.Counter(stream)
+    assert counts.most_common(1)[0][0] == 0
+    assert counts[0] / len(stream) == pytest.approx(share, rel=0.05)
+    uniform = collections.Counter(keys.key_stream("uniform", 10, 100_000, seed=3))
+    assert set(uniform) == set(range(10)) and max(uniform.values()) < 11_000
+    assert keys.key_stream("zipf", 50, 100, seed=9) == keys.key_stream("zipf", 50, 100, seed=9)
+
+
+def test_an_open_loop_beyond_capacity_is_not_sustainable_and_counts_the_source_wait():
+    # Four records in flight, two 1 ms round trips each: well under 6,000 records/s.
+    point = Point(rate=6000.0, latency_ms=1.0, max_in_flight=4, batch_size=4, keys=500)
+    stream = keys.key_stream("uniform", 500, 20_000, seed=1)
+    result = run(ARMS["asyncstate"], point, stream, 1 / 500, seconds=0.5)
+    assert result.answer_ok is True
+    assert result.sustainable is False and result.backlog_end > 0
+    # Latency runs from each record's intended arrival: the time it waited in the source
+    # counts, or the numbers in the system would not match throughput x latency.
+    assert result.littles_law_ok
+
+
+def test_a_modest_open_loop_rate_is_sustainable():
+    point = Point(rate=300.0, latency_ms=0.2, max_in_flight=100, buffer_timeout_ms=1,
+                  keys=500)
+    stream = keys.key_stream("uniform", 500, 2_000, seed=1)
+    result = run(ARMS["asyncstate+cache"], point, stream, 1 / 500, seconds=0.5)
+    assert result.answer_ok is True and result.littles_law_ok
+    assert result.sustainable is True and result.backlog_end <= 6
+    assert 120 <= result.records <= 160 and result.latency_ms["count"] == result.records
+
+
+def test_the_bound_counts_the_round_trips_a_record_needs():
+    stream = keys.key_stream("uniform", 100, 5_000, seed=1)
+    point = Point(latency_ms=0.5, max_in_flight=8, batch_size=2, io_parallelism=3, keys=100)
+    result = run(ARMS["asyncstate"], point, stream, 1 / 100, seconds=0.3)
+    # min(N=8, R*B=6) requests at the store, two each per record (read, then write).
+    assert result.k == 2
+    assert result.bound == pytest.approx(6 / (2 * result.measured_store_latency_ms / 1000))
+    sync = run(ARMS["sync baseline"], point, stream, 1 / 100, seconds=0.2)
+    assert sync.bound == pytest.approx(1 / (2 * sync.measured_store_latency_ms / 1000))

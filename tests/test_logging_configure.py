@@ -1,0 +1,140 @@
+"""asyncstate.logging.configure: asyncstate's events as text or JSON lines at a chosen level,
+lifecycle, checkpoint, slow-batch and failure events, quiet by default."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from shared_functions import Counter
+
+import asyncstate as ast
+import asyncstate.logging as aslogging
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _back_to_defaults() -> Iterator[None]:
+    yield
+    aslogging.reset()
+
+
+def _events(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_json_lines_carry_time_level_logger_event_and_fields():
+    stream = io.StringIO()
+    aslogging.configure(json=True, level="debug", stream=stream)
+    ast.run(Counter(), [1, 2, 1], key_selector=lambda r: r)
+    events = [e for e in _events(stream) if e["logger"] == "asyncstate.operator"]
+    assert [e["event"] for e in events] == ["operator.open", "operator.closed"]
+    opened, closed = events
+    assert opened["level"] == "debug"
+    assert opened["function"] == "Counter" and opened["backend"] == "HeapBackend"
+    assert opened["time"].endswith("+00:00")
+    assert (closed["records"], closed["failed"]) == (3, False)
+
+
+def test_text_lines_name_the_event_and_its_fields():
+    stream = io.StringIO()
+    aslogging.configure(level="debug", stream=stream)
+    ast.run(Counter(), [1], key_selector=lambda r: r)
+    lines = [line for line in stream.getvalue().splitlines() if "asyncstate.operator:" in line]
+    assert len(lines) == 2
+    assert " DEBUG asyncstate.operator: operator.open function=Counter index=0 " in lines[0]
+    assert " DEBUG asyncstate.operator: operator.closed function=Counter " in lines[1]
+
+
+def test_the_level_filters_events():
+    stream = io.StringIO()
+    aslogging.configure(level="info", stream=stream)
+    ast.run(Counter(), [1], key_selector=lambda r: r)
+    assert stream.getvalue() == ""  # open and close are debug events
+
+
+def test_checkpoints_are_logged(tmp_path):
+    stream = io.StringIO()
+    aslogging.configure(json=True, level="info", stream=stream)
+    ast.run(Counter(), [1, 2], key_selector=lambda r: r, checkpoint_dir=tmp_path,
+            checkpoint_id=1)
+    ast.run(Counter(), [1], key_selector=lambda r: r,
+            restore_from=ast.checkpoint_path(tmp_path, 1))
+    events = [e["event"] for e in _events(stream)]
+    assert events.count("checkpoint.part_written") == 1
+    assert events.count("checkpoint.restored") == 1
+
+
+def test_slow_batches_are_logged_from_the_threshold():
+    stream = io.StringIO()
+    aslogging.configure(json=True, level="warning", stream=stream, slow_batch_ms=0)
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
+    outputs = ast.run(Counter(), list(range(10)), key_selector=lambda r: r, backend=backend,
+                      config=ast.AsyncStateConfig(batch_size=5))
+    assert len(outputs) == 10
+    slow = [e for e in _events(stream) if e["event"] == "controller.slow_batch"]
+    assert len(slow) == 4  # 10 reads, then 10 writes, in batches of 5: every one is slow
+    assert sum(e["requests"] for e in slow) == 20
+    assert all(e["level"] == "warning" and e["threshold_seconds"] == 0 for e in slow)
+
+
+def test_a_failure_is_logged_and_still_raised():
+    stream = io.StringIO()
+    aslogging.configure(json=True, level="info", stream=stream)
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0, fail_on_call=1)
+    with pytest.raises(ast.InjectedFailure):
+        ast.run(Counter(), [1], key_selector=lambda r: r, backend=backend)
+    events = _events(stream)
+    [failed] = [e for e in events if e["event"] == "operator.failed"]
+    assert failed["error"].startswith("InjectedFailure(")
+    assert failed["level"] == "info" and failed["function"] == "Counter"
+
+
+def test_configure_again_replaces_the_handler_and_reset_removes_it():
+    first, second = io.StringIO(), io.StringIO()
+    aslogging.configure(level="debug", stream=first)
+    aslogging.configure(level="debug", stream=second)
+    ast.run(Counter(), [1], key_selector=lambda r: r)
+    written = second.getvalue()
+    assert first.getvalue() == "" and "operator.closed" in written
+    aslogging.reset()
+    ast.run(Counter(), [1], key_selector=lambda r: r)
+    assert second.getvalue() == written
+
+
+@pytest.mark.parametrize("option, value", [("level", "loud"), ("slow_batch_ms", -1)])
+def test_bad_options_are_refused(option, value):
+    with pytest.raises(ast.ConfigError, match=option.replace("level", "log level")):
+        aslogging.configure(**{option: value})
+
+
+@pytest.mark.timeout(60)
+def test_quiet_by_default_and_never_on_stdout():
+    code = textwrap.dedent("""
+        import asyncstate as ast
+        class C(ast.KeyedProcessFunction):
+            def open(self, ctx):
+                self.n = ctx.get_state(ast.ValueStateDescriptor("n"))
+            def process_element(self, v, ctx):
+                return self.n.update(v)
+        ast.run(C(), [1, 2], key_selector=lambda r: r)
+        import asyncstate.logging
+        asyncstate.logging.configure(level="debug")
+        ast.run(C(), [1, 2], key_selector=lambda r: r)
+    """)
+    environ = {k: v for k, v in os.environ.items() if k != "ASYNCSTATE_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    # Only the second run, after configure(), wrote anything.
+    assert lines and all(" asyncstate." in line for line in lines)
+    assert sum("operator.open" in line for line in lines) == 1
