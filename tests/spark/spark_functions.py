@@ -212,3 +212,19 @@ class SessionTimers(ast.KeyedProcessFunction):
 
 def timestamp_of(record: Any) -> Any:
     return record[1]
+
+
+class ExpiringCount(ast.KeyedProcessFunction):
+    """Event-time TTL of 100 ms on a count, left out of checkpoints once expired: a record
+    (key, ts) emits ("read", key, the count it found, partition), then counts itself."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        ttl = (ast.StateTtlConfig.new_builder(100)
+               .set_ttl_time_characteristic(ast.TtlTimeCharacteristic.EVENT_TIME)
+               .cleanup_full_snapshot().build())
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count", ttl=ttl))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        found = await self.count.value()
+        ctx.emit(("read", ctx.current_key, found, _task()[0]))
+        await self.count.update((found or 0) + 1)
