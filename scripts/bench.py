@@ -1,6 +1,6 @@
 """Benchmarks of asyncstate: `python scripts/bench.py SCENARIO [--quick]`.
 
-Scenarios and their goals are defined in shared/design/BENCHMARKS.md. Each scenario is one
+docs/performance.md describes the scenarios and their goals. Each scenario is one
 function registered with `@scenario(...)`; it runs its arms (time-bounded, best of several
 runs), checks every arm's answer, prints one rich table whose key column is a ratio measured
 in the same run, and writes the raw figures to `bench-results/<scenario>-<timestamp>.json`.

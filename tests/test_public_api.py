@@ -10,8 +10,7 @@ from shared_functions import Sum
 
 import asyncstate as ast
 
-# Every name API.md promises from `asyncstate` at this stage (Spark arrives with a later issue
-# and is added here then).
+# Every name the API contract promises from `asyncstate` (asyncstate.spark: test_spark_api).
 PROMISED = [
     # errors
     "AsyncStateError", "SerializationError", "CheckpointError", "KeyGroupError",

@@ -1,8 +1,8 @@
 """Redistribution of operator (non-keyed) list state when restoring with another parallelism.
 
 Operator list state is a list per operator instance. On restore the old instances' lists are
-concatenated in instance order and dealt out again, following seed 003 (the MetaQ source
-assigning partition `j` to the consumer with ``j % consumer_count == consumer_index``):
+concatenated in instance order and dealt out again, the way a message-queue source deals
+partition `j` to the consumer with ``j % consumer_count == consumer_index``:
 
 - even split (`get_operator_list_state`): element `j` of the concatenation goes to instance
   ``j % new_parallelism`` (round robin), so instance sizes differ by at most one and no
