@@ -32,9 +32,10 @@ MAX_TTL_MS = 2**63 - 1
 # RocksDB.
 DEFAULT_CLEANUP_SIZE = 5
 DEFAULT_QUERY_TIME_AFTER_NUM_ENTRIES = 1000
-# Cleanup with timers rounds expirations up to a granularity of ttl_ms / 16 by default: a key
-# written on every record then holds at most 17 pending cleanup timers per state and
-# namespace, and an entry is removed at most ttl_ms / 16 after it expires.
+# Cleanup with timers rounds expirations up to a granularity of ttl_ms // 16 (at least 1) by
+# default: a key written on every record then holds about 18 pending cleanup timers per state
+# and namespace (ttl_ms / granularity + 2 at most), and an entry is removed less than
+# ttl_ms / 16 after it expires.
 DEFAULT_TIMER_GRANULARITY_DIVISOR = 16
 
 
