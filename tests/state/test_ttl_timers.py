@@ -126,6 +126,38 @@ async def test_each_element_goes_at_its_own_expiry_not_at_an_earlier_ones_timer(
         assert _count(backend, "lm") == 0
 
 
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "remote1", "rocksdb-cache"],
+                         indirect=True)
+async def test_a_firing_reads_a_list_and_a_map_to_their_end_chunk_by_chunk(backend):
+    # Event time, records out of order: elements (and map entries) of timestamps 50 and 0
+    # alternate, 3 to a chunk, so expired ones sit in every chunk. A firing at a real round
+    # trip per batch (remote1) is waited for by the advance too.
+    fn = _function(_config(event_time=True))
+
+    async def add(s: Any, ctx: Any) -> Any:
+        i = ctx.record[3]
+        await s.l.add(i)
+        await s.m.put(f"{i:02}-{ctx.timestamp}", i)
+        return NOTHING
+
+    async def iterate(s: Any, ctx: Any) -> Any:
+        return (await (await s.l.get()).to_list(), len(await (await s.m.keys()).to_list()))
+
+    async with make_operator(fn, backend, event_time=True,
+                             config=ast.AsyncStateConfig(iterator_chunk_size=3)) as op:
+        await advance(op, 0, True)
+        for i in range(20):
+            await op.process(("k", add, 50 if i % 2 == 0 else 0, i))
+        await op.drain()
+        assert _count(backend, "lm") == 40
+        await advance(op, 100, True)
+        assert _count(backend, "lm") == 20
+        assert await play(op, [At(100, iterate)], event_time=True) == \
+            [(list(range(0, 20, 2)), 10)]
+        await advance(op, 150, True)
+        assert _count(backend, "lm") == 0
+
+
 @BACKENDS
 async def test_removal_is_late_by_less_than_the_granularity(backend):
     # ttl 100, granularity 16: an entry written at 5 expires at 105, its timer is at 112.
