@@ -36,6 +36,7 @@ from asyncstate.runtime.context import RecordContext, current_context
 from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
 from asyncstate.runtime.occupancy import Occupancy
+from asyncstate.state.ttl.timers import TtlTimers
 from asyncstate.timers.service import (
     TimerService,
     TimerServiceView,
@@ -92,6 +93,7 @@ class KeyedOperator:
         self._gate: AdmissionGate | None = None
         self._progress: TimeProgress | None = None
         self._timers: TimerService | None = None
+        self._ttl_timers: TtlTimers | None = None
         self._watchdog: RecordWatchdog | None = None
 
     def __repr__(self) -> str:
@@ -127,6 +129,8 @@ class KeyedOperator:
             self._key_selector, self._timestamp_selector, controller, self._driver,
             contextvars.copy_context(), self.key_group_range, config.max_parallelism,
             self.parallelism, self.operator_index)
+        self._ttl_timers = TtlTimers(controller)
+        self._records.internal_timers = self._ttl_timers.fire
         inbox = Inbox(controller, self._records)
         self._gate = AdmissionGate(controller, inbox, config.max_in_flight, self._ready)
         self._progress = TimeProgress(controller, inbox, self.clock)
@@ -148,6 +152,7 @@ class KeyedOperator:
             owner=None if callable(getattr(self.function, "on_timer", None))
             else type(self.function).__name__)
         progress.timers = self._timers
+        self._started(self._ttl_timers).attach(self._timers)
         return self._timers.section_handlers()
 
     async def __aenter__(self) -> KeyedOperator:
@@ -398,6 +403,11 @@ class KeyedOperator:
     def controller(self) -> AsyncExecutionController:
         """The operator's controller (while running)."""
         return self._started(self._controller)
+
+    @property
+    def ttl_timers(self) -> TtlTimers:
+        """The cleanup timers of the operator's TTL states (while running)."""
+        return self._started(self._ttl_timers)
 
     @property
     def admission(self) -> AdmissionGate:

@@ -4,7 +4,8 @@
 operator, before the record is admitted; `start` hands the context to the controller, which
 runs `process_element` inside the record's contextvars copy once the record holds its key;
 what it returned (a StateFuture or a coroutine) goes to the user-code driver. Timer firings
-start the same way (`start_timer`), with overdraft, and run `on_timer`.
+start the same way (`start_timer`), with overdraft, and run `on_timer`; the firings of the
+operator's own timers (TTL cleanup) run `internal_timers` instead.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver
 from asyncstate.runtime.future import _DONE, StateFuture
 from asyncstate.serde import canonical_key, key_group_of_bytes
+from asyncstate.timers.service import is_internal_namespace
 
 __all__ = ["RecordRunner"]
 
@@ -32,7 +34,7 @@ class RecordRunner:
     __slots__ = ("_base_vars", "_controller", "_driver", "_key_selector", "_kg_end",
                  "_kg_start", "_max_parallelism", "_on_timer", "_operator", "_parallelism",
                  "_index", "_process_element", "_run", "_run_timer", "_timestamp_selector",
-                 "record_hooks")
+                 "internal_timers", "record_hooks")
 
     def __init__(self, operator: Any, process_element: Callable[[Any, Any], Any],
                  on_timer: Callable[[int, Any], Any] | None,
@@ -59,6 +61,9 @@ class RecordRunner:
         # Called with no arguments as each record starts, inside its context (incremental TTL
         # cleanup with run_cleanup_for_every_record registers here).
         self.record_hooks: list[Callable[[], None]] = []
+        # Runs the firings of the operator's own timers, as on_timer(timestamp, ctx) would
+        # (None: they are dropped).
+        self.internal_timers: Callable[[int, Any], Any] | None = None
         # One bound method each, not one per record.
         self._run = self.run_record
         self._run_timer = self.run_timer
@@ -120,7 +125,13 @@ class RecordRunner:
         self._invoke(self._process_element, ctx.record, ctx)
 
     def run_timer(self, ctx: RecordContext) -> None:
-        """Run on_timer for a started timer firing (inside its context, key held)."""
+        """Run on_timer for a started timer firing (inside its context, key held); the
+        operator's own timers run `internal_timers`, never on_timer."""
+        if is_internal_namespace(ctx.record.namespace_bytes):
+            internal = self.internal_timers
+            if internal is not None:
+                self._invoke(internal, ctx.timestamp, ctx)
+            return
         on_timer = self._on_timer
         if on_timer is None:
             self._controller.fail(InvalidStateError(

@@ -14,6 +14,11 @@ emit, and register or delete timers.
 - Processing time: with a ManualClock, `fire_processing_time(now)` on the advance; with the
   wall clock, a loop timer wakes the service when the earliest timer is due.
 
+The operator's own timers (TTL cleanup, `register_internal`) share the queues, the firing order
+and the checkpoints with the user's. Their namespaces are msgpack maps, which no user
+namespace can be (dicts are not keys), so they never collide with user timers; the record
+runner hands their firings to the operator instead of `on_timer` (`is_internal_namespace`).
+
 Timers go into checkpoints per key group (sections `SECTION_EVENT_TIMERS` and
 `SECTION_PROCESSING_TIMERS`, each timer in its byte form) and come back with their key group
 on restore, whatever the parallelism.
@@ -41,12 +46,17 @@ __all__ = [
     "SECTION_PROCESSING_TIMERS",
     "TimerService",
     "TimerServiceView",
+    "is_internal_namespace",
     "timer_namespace",
     "timer_queue",
 ]
 
 SECTION_EVENT_TIMERS: Final = 1
 SECTION_PROCESSING_TIMERS: Final = 2
+
+# The first byte of a msgpack map of up to 15 entries: what internal namespaces start with.
+_FIXMAP_FIRST: Final = 0x80
+_FIXMAP_LAST: Final = 0x8F
 
 TimerQueue = KeyGroupedInternalPriorityQueue[InternalTimer]
 StartTimer = Callable[[RecordContext], None]
@@ -99,6 +109,21 @@ class TimerService:
                 # Registered by a firing of the advance under way, for a time it covers,
                 # after the advance started its due timers: it starts now.
                 self.fire_event_time(self._watermark())
+        elif self._processing.add(timer):
+            self._schedule_wakeup()
+
+    def register_internal(self, ctx: RecordContext, domain: TimeDomain, timestamp: int,
+                          namespace_bytes: bytes) -> None:
+        """Register an operator's own timer (see the module docstring) for `ctx`'s key:
+        `namespace_bytes` must satisfy `is_internal_namespace`. It needs no on_timer."""
+        assert is_internal_namespace(namespace_bytes)
+        timer = InternalTimer(timestamp, ctx.key, ctx.key_bytes, namespace_bytes,
+                              ctx.key_group)
+        if domain is TimeDomain.EVENT_TIME:
+            self._event.add(timer)
+            if (ctx.time_domain is TimeDomain.EVENT_TIME and not self._firing
+                    and timestamp <= self._watermark()):
+                self.fire_event_time(self._watermark())  # as in register()
         elif self._processing.add(timer):
             self._schedule_wakeup()
 
@@ -269,6 +294,12 @@ class TimerServiceView:
     def current_processing_time(self) -> int:
         """The operator clock's time in milliseconds."""
         return self._service.current_processing_time()
+
+
+def is_internal_namespace(namespace_bytes: bytes) -> bool:
+    """True for the namespace of an operator's own timer (a msgpack map: never a user's)."""
+    return len(namespace_bytes) > 0 and \
+        _FIXMAP_FIRST <= namespace_bytes[0] <= _FIXMAP_LAST
 
 
 def timer_namespace(ctx: RecordContext) -> Any:

@@ -1,5 +1,6 @@
 """The TTL cleanup strategies: on read (in test_ttl.py's matrix), full snapshot, incremental
-(heap and RocksDB) and RocksDB's background cleaner. Every count here is of what the backend
+(heap and RocksDB), RocksDB's background cleaner and cleanup with timers (more of it in
+test_ttl_timers.py). Every count here is of what the backend
 stores, not of what reads return."""
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def _config(**options: Any) -> ast.StateTtlConfig:
         builder.cleanup_in_rocksdb_compact_filter(options["compact"])
     if options.get("snapshot"):
         builder.cleanup_full_snapshot()
+    if "timers" in options:
+        builder.cleanup_with_timers(options["timers"])
+    if options.get("event_time"):
+        builder.use_event_time()
     if options.get("background"):
         builder = ast.StateTtlConfig.new_builder(100)  # the defaults: cleanup in background
     return builder.build()
@@ -231,6 +236,26 @@ async def test_background_cleaner_keeps_the_bound_and_stops_while_nothing_can_ex
         assert backend._cleaner.next_slice("v") is None
         await advance(op, 100, False)
         assert backend._cleaner.next_slice("v") is not None
+
+
+# -- cleanup with timers ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "remote0-rocksdb"], indirect=True)
+@pytest.mark.parametrize("event_time", [False, True], ids=["processing", "event"])
+async def test_cleanup_with_timers_drives_never_read_keys_to_zero(backend, event_time):
+    # Only time moves after the writes: no record, no read, no other strategy.
+    fn = _function(_config(timers=10, event_time=event_time))
+    async with make_operator(fn, backend, event_time=event_time) as op:
+        await play(op, [At(0, _fill, key=k) for k in range(KEYS)], event_time=event_time)
+        await play(op, [At(50, _fill, key=k) for k in range(KEYS, KEYS + 2)],
+                   event_time=event_time)
+        assert _counts(backend) == 5 * (KEYS + 2)
+        await advance(op, 99, event_time)
+        assert _counts(backend) == 5 * (KEYS + 2)
+        await advance(op, 100, event_time)  # expirations at 100, a multiple of 10
+        assert _counts(backend) == 10
+        await advance(op, 150, event_time)
+        assert _counts(backend) == 0
 
 
 # -- full snapshot ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ access.
   strategies) and a lower bound on the expiration of its entries;
 - `states`: the TTL states, which stamp every write and every read with the time it was
   issued;
+- `timers`: exact cleanup with timers (each write registers a cleanup timer under its key);
 - `declare`: declaring a TTL state on an operator (layout checks, migration, cleanup).
 
 docs/ttl.md describes the semantics and how they differ from Flink's.

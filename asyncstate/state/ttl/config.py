@@ -14,12 +14,14 @@ from asyncstate.errors import ConfigError
 __all__ = [
     "DEFAULT_CLEANUP_SIZE",
     "DEFAULT_QUERY_TIME_AFTER_NUM_ENTRIES",
+    "DEFAULT_TIMER_GRANULARITY_DIVISOR",
     "MAX_TTL_MS",
     "IncrementalCleanupStrategy",
     "RocksdbCompactFilterCleanupStrategy",
     "StateTtlConfig",
     "StateTtlConfigBuilder",
     "StateVisibility",
+    "TimerCleanupStrategy",
     "TtlTimeCharacteristic",
     "UpdateType",
 ]
@@ -30,6 +32,11 @@ MAX_TTL_MS = 2**63 - 1
 # RocksDB.
 DEFAULT_CLEANUP_SIZE = 5
 DEFAULT_QUERY_TIME_AFTER_NUM_ENTRIES = 1000
+# Cleanup with timers rounds expirations up to a granularity of ttl_ms // 16 (at least 1) by
+# default: a key written on every record then holds about 18 pending cleanup timers per state
+# and namespace (ttl_ms / granularity + 2 at most), and an entry is removed less than
+# ttl_ms / 16 after it expires.
+DEFAULT_TIMER_GRANULARITY_DIVISOR = 16
 
 
 class UpdateType(enum.Enum):
@@ -87,6 +94,19 @@ class RocksdbCompactFilterCleanupStrategy:
         check_int("query_time_after_num_entries", self.query_time_after_num_entries, 1)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerCleanupStrategy:
+    """Exact cleanup with timers: each write (and refreshing read) registers a cleanup timer
+    for its (key, namespace) at its expiration rounded up to a multiple of `granularity_ms`
+    (None: ttl_ms // 16, at least 1); the firing removes what has expired."""
+
+    granularity_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.granularity_ms is not None:
+            check_int("granularity_ms", self.granularity_ms, 1, MAX_TTL_MS)
+
+
 def _check_enum(option: str, value: object, enum_type: type[enum.Enum]) -> None:
     if type(value) is not enum_type:
         members = ", ".join(f"ast.{enum_type.__name__}.{m.name}" for m in enum_type)
@@ -99,7 +119,7 @@ class StateTtlConfig:
 
     An entry is expired when ``last_access + ttl_ms <= now`` (the sum clamped to 2**63 - 1).
     Cleanup on read is always on; `cleanup_full_snapshot`, `incremental_cleanup` and
-    `compact_filter_cleanup` add the other strategies (docs/ttl.md). With
+    `compact_filter_cleanup` and `timer_cleanup` add the other strategies (docs/ttl.md). With
     `cleanup_in_background` (the default) a backend also runs its default background strategy
     when none is named: incremental cleanup on the heap, the background cleaner on RocksDB.
     """
@@ -111,6 +131,7 @@ class StateTtlConfig:
     cleanup_full_snapshot: bool = False
     incremental_cleanup: IncrementalCleanupStrategy | None = None
     compact_filter_cleanup: RocksdbCompactFilterCleanupStrategy | None = None
+    timer_cleanup: TimerCleanupStrategy | None = None
     cleanup_in_background: bool = True
 
     def __post_init__(self) -> None:
@@ -130,6 +151,10 @@ class StateTtlConfig:
                 type(self.compact_filter_cleanup) is not RocksdbCompactFilterCleanupStrategy:
             raise ConfigError("compact_filter_cleanup", self.compact_filter_cleanup,
                               "a RocksdbCompactFilterCleanupStrategy or None")
+        if self.timer_cleanup is not None and \
+                type(self.timer_cleanup) is not TimerCleanupStrategy:
+            raise ConfigError("timer_cleanup", self.timer_cleanup,
+                              "a TimerCleanupStrategy or None")
 
     @staticmethod
     def new_builder(ttl_ms: int) -> StateTtlConfigBuilder:
@@ -162,6 +187,15 @@ class StateTtlConfig:
         if self.cleanup_in_background:
             return RocksdbCompactFilterCleanupStrategy(DEFAULT_QUERY_TIME_AFTER_NUM_ENTRIES)
         return None
+
+
+    def effective_timer_cleanup(self) -> TimerCleanupStrategy | None:
+        """Cleanup with timers if named, with its granularity resolved (the one given, else
+        ttl_ms // 16, at least 1); whether cleanup in background is on does not matter."""
+        strategy = self.timer_cleanup
+        if strategy is None or strategy.granularity_ms is not None:
+            return strategy
+        return TimerCleanupStrategy(max(1, self.ttl_ms // DEFAULT_TIMER_GRANULARITY_DIVISOR))
 
 
 class StateTtlConfigBuilder:
@@ -239,6 +273,13 @@ class StateTtlConfigBuilder:
         every `query_time_after_num_entries` entries it checks (ignored on other backends)."""
         return self._set("compact_filter_cleanup", RocksdbCompactFilterCleanupStrategy(
             query_time_after_num_entries))
+
+    def cleanup_with_timers(self, granularity_ms: int | None = None) -> StateTtlConfigBuilder:
+        """Remove each entry at its expiration with a cleanup timer under its key, even if it
+        is never read again. Expirations are rounded up to a multiple of `granularity_ms`
+        (default ttl_ms // 16, at least 1): an entry goes at most that much late, and a key
+        holds at most ttl_ms / granularity_ms + 2 pending timers per state and namespace."""
+        return self._set("timer_cleanup", TimerCleanupStrategy(granularity_ms))
 
     def disable_cleanup_in_background(self) -> StateTtlConfigBuilder:
         """Run no default background strategy (the strategies named still run)."""

@@ -17,7 +17,7 @@ recorded by the backend and by every checkpoint. When a declaration disagrees wi
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncstate.backends.base import BackendCapabilities, StateExecutor, TtlBackend
 from asyncstate.clock import Clock
@@ -40,6 +40,9 @@ from asyncstate.state.ttl.states import (
 )
 from asyncstate.state.ttl.tracker import TimeSource, TtlTracker
 
+if TYPE_CHECKING:
+    from asyncstate.state.ttl.timers import TtlTimers
+
 __all__ = ["RecordHooks", "TtlOperator", "bind_layout"]
 
 _TTL_CLASSES: dict[StateKind, type[InternalState]] = {
@@ -59,8 +62,9 @@ class RecordHooks(Protocol):
 
 class TtlOperator(Protocol):
     """What TTL needs of the operator declaring the state (a `KeyedOperator`): its clock
-    (processing time), its current watermark (event time) and the hooks run when each
-    record starts (incremental cleanup with run_cleanup_for_every_record)."""
+    (processing time), its current watermark (event time), the hooks run when each
+    record starts (incremental cleanup with run_cleanup_for_every_record) and its cleanup
+    timers (cleanup with timers)."""
 
     clock: Clock
 
@@ -70,6 +74,10 @@ class TtlOperator(Protocol):
     @property
     def records(self) -> RecordHooks:
         """The operator's record runner."""
+
+    @property
+    def ttl_timers(self) -> TtlTimers:
+        """The cleanup timers of the operator's states."""
 
 
 def bind_layout(descriptor: StateDescriptor, controller: AsyncExecutionController,
@@ -120,13 +128,23 @@ def bind_layout(descriptor: StateDescriptor, controller: AsyncExecutionControlle
     policy = TtlPolicy(
         config.ttl_ms, config.update_type is UpdateType.ON_READ_AND_WRITE,
         config.state_visibility is StateVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP, True)
+    timer_cleanup = config.effective_timer_cleanup()
+    timers = None
+    if timer_cleanup is not None:
+        assert timer_cleanup.granularity_ms is not None
+        timers = operator.ttl_timers.declare(name, config.ttl_ms, timer_cleanup.granularity_ms,
+                                             event_time=event_time)
     support = TtlSupport(
         name, policy, tracker, event_time=event_time, clock=operator.clock, operator=operator,
-        incremental=0 if incremental is None else incremental.cleanup_size, cleaner=store)
+        incremental=0 if incremental is None else incremental.cleanup_size, cleaner=store,
+        timers=timers)
     if incremental is not None and incremental.run_cleanup_for_every_record:
         operator.records.record_hooks.append(support.record_started)
-    return _TTL_CLASSES[descriptor.kind](  # type: ignore[call-arg]
+    state = _TTL_CLASSES[descriptor.kind](  # type: ignore[call-arg]
         descriptor, controller, handle, support)
+    if timers is not None:
+        timers.bind(state)
+    return state
 
 
 def _reconcile(store: TtlBackend, name: str, stored: str | None, domain: str,

@@ -13,7 +13,8 @@ issued:
 
 `TtlSupport` reads the times (processing time: the operator's clock, for both; event time:
 "now" is the watermark, the access time the record's or timer's timestamp), keeps the
-state's `TtlTracker` bound current and triggers incremental cleanup.
+state's `TtlTracker` bound current, triggers incremental cleanup and tells cleanup with
+timers of every access time it stamps.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "CleanupTimers",
     "EventTime",
     "IncrementalCleaner",
     "ProcessingTime",
@@ -101,6 +103,13 @@ class IncrementalCleaner(Protocol):
         """Check up to `budget` entries of state `name` from its cursor on, at `now`."""
 
 
+class CleanupTimers(Protocol):
+    """Cleanup with timers of one state (`asyncstate.state.ttl.timers.StateCleanupTimers`)."""
+
+    def wrote(self, ctx: RecordContext, access: int) -> None:
+        """`ctx` issued a write (or refreshing read) of the state stamped `access`."""
+
+
 class ProcessingTime:
     """The time of processing-time TTL: the operator's clock."""
 
@@ -130,18 +139,21 @@ class TtlSupport:
 
     `event_time`: "now" is the `operator`'s watermark and the access time the record's
     timestamp (else both are the `clock`'s time). `incremental` is the cleanup size of
-    incremental cleanup (0: off); `cleaner` runs it.
+    incremental cleanup (0: off); `cleaner` runs it. `timers` is told of every access time
+    a write or refreshing read stamps (None: no cleanup with timers).
     Reads use `policy`; `is_empty()` uses `peek_policy` (it refreshes nothing); the read inside
     a reducing or aggregating `add()` uses `merge_policy` (it neither refreshes nor removes:
     the add writes the entry anyway).
     """
 
     __slots__ = ("_clock", "_event", "_incremental", "_operator", "_wall", "cleaner",
-                 "merge_policy", "name", "peek_policy", "policy", "tracker", "ttl_ms")
+                 "merge_policy", "name", "peek_policy", "policy", "timers", "tracker",
+                 "ttl_ms")
 
     def __init__(self, name: str, policy: TtlPolicy, tracker: TtlTracker, *,
                  event_time: bool, clock: Clock, operator: WatermarkSource,
-                 incremental: int, cleaner: IncrementalCleaner) -> None:
+                 incremental: int, cleaner: IncrementalCleaner,
+                 timers: CleanupTimers | None = None) -> None:
         self.name = name
         self.policy = policy
         self.peek_policy = TtlPolicy(policy.ttl_ms, False, policy.return_expired, True)
@@ -154,6 +166,7 @@ class TtlSupport:
         self._operator = operator
         self._incremental = incremental
         self.cleaner = cleaner
+        self.timers = timers
 
     def __repr__(self) -> str:
         time = "event time" if self._event else "processing time"
@@ -209,6 +222,9 @@ class TtlSupport:
             now = access = self._now()
         if refresh:
             self._wrote(access)
+            timers = self.timers
+            if timers is not None:
+                timers.wrote(ctx, access)
         self._accessed(now)
         return TtlRead(policy, now, access, arg)
 
@@ -234,6 +250,9 @@ class TtlSupport:
         else:
             now = access = self._now()
         self._wrote(access)
+        timers = self.timers
+        if timers is not None:
+            timers.wrote(ctx, access)
         self._accessed(now)
         return access
 
