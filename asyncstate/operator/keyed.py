@@ -28,7 +28,7 @@ from asyncstate.operator import arguments, checkpointing, functions
 from asyncstate.operator.admission import AdmissionGate
 from asyncstate.operator.inbox import Inbox
 from asyncstate.operator.metrics import operator_metrics
-from asyncstate.operator.progress import MIN_WATERMARK, TimeProgress
+from asyncstate.operator.progress import MIN_WATERMARK, TimeProgress, open_timers
 from asyncstate.operator.records import RecordRunner
 from asyncstate.operator.watchdog import RecordWatchdog
 from asyncstate.runtime import gc_threshold
@@ -37,12 +37,7 @@ from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver, needs_task
 from asyncstate.runtime.occupancy import Occupancy
 from asyncstate.state.ttl.timers import TtlTimers
-from asyncstate.timers.service import (
-    TimerService,
-    TimerServiceView,
-    timer_namespace,
-    timer_queue,
-)
+from asyncstate.timers.service import TimerService, TimerServiceView, timer_namespace
 
 __all__ = ["KeyedOperator"]
 
@@ -138,21 +133,11 @@ class KeyedOperator:
     def _open_timers(self) -> dict[int, SectionHandler]:
         """Build the timer service (after a restore discarded the backend's old state; the
         handlers returned restore the timer sections of a checkpoint)."""
-        progress, records = self._started(self._progress), self._started(self._records)
-        place = self._started(self._capabilities).timers
-        max_p = self.config.max_parallelism
-        self._timers = TimerService(
-            timer_queue(None if place is None else place.timer_store("event"),
-                        self.key_group_range, max_p),
-            timer_queue(None if place is None else place.timer_store("processing"),
-                        self.key_group_range, max_p),
-            make_context=records.timer_context, start=records.start_timer,
-            watermark=lambda: progress.watermark, clock=self.clock,
-            loop=asyncio.get_running_loop(),
-            owner=None if callable(getattr(self.function, "on_timer", None))
-            else type(self.function).__name__)
-        progress.timers = self._timers
-        self._started(self._ttl_timers).attach(self._timers)
+        self._timers = open_timers(
+            self._started(self._progress), self._started(self._records),
+            self._started(self._ttl_timers), place=self._started(self._capabilities).timers,
+            key_groups=self.key_group_range, max_parallelism=self.config.max_parallelism,
+            clock=self.clock, function=self.function)
         return self._timers.section_handlers()
 
     async def __aenter__(self) -> KeyedOperator:

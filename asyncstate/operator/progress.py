@@ -5,20 +5,29 @@ closes the open epoch after every record admitted before it; its action runs onc
 earlier record has finished; the timers it starts (each a sync point under its key) join the
 finishing epoch, so the advance returns only after they and their state work have finished
 too, and records admitted after it start only then.
+
+`open_timers` builds the timer service those advances fire and connects it to the parts
+that use it: the record runner starts its firings, the TTL cleanup timers register in it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from asyncstate.backends.base import TimerStoreBackend
 from asyncstate.clock import Clock, ManualClock
 from asyncstate.errors import ConfigError, InvalidStateError
+from asyncstate.keygroups import KeyGroupRange
 from asyncstate.operator.arguments import check_timestamp
 from asyncstate.operator.inbox import Inbox
+from asyncstate.operator.records import RecordRunner
 from asyncstate.runtime.controller import AsyncExecutionController
+from asyncstate.state.ttl.timers import TtlTimers
+from asyncstate.timers.service import TimerService, timer_queue
 
-__all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "DueTimers", "TimeProgress"]
+__all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "DueTimers", "TimeProgress", "open_timers"]
 
 MIN_WATERMARK: Final = -(2**63)
 MAX_WATERMARK: Final = 2**63 - 1
@@ -102,3 +111,24 @@ class TimeProgress:
 
         self._inbox.post_barrier(start)
         await self._controller.wait_until(lambda: done[0])
+
+
+def open_timers(progress: TimeProgress, records: RecordRunner, ttl_timers: TtlTimers, *,
+                place: TimerStoreBackend | None, key_groups: KeyGroupRange,
+                max_parallelism: int, clock: Clock, function: object) -> TimerService:
+    """Build an operator's timer service on the running loop, its queues in `place` (in
+    memory when None), and connect it to `progress`, `records` and `ttl_timers`; the
+    service refuses the timers of a `function` without on_timer. Called once the backend
+    holds no old state (after a restore discarded it)."""
+    timers = TimerService(
+        timer_queue(None if place is None else place.timer_store("event"),
+                    key_groups, max_parallelism),
+        timer_queue(None if place is None else place.timer_store("processing"),
+                    key_groups, max_parallelism),
+        make_context=records.timer_context, start=records.start_timer,
+        watermark=lambda: progress.watermark, clock=clock, loop=asyncio.get_running_loop(),
+        owner=None if callable(getattr(function, "on_timer", None))
+        else type(function).__name__)
+    progress.timers = timers
+    ttl_timers.attach(timers)
+    return timers
