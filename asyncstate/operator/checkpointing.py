@@ -4,16 +4,18 @@ Restore checks everything it can before any state moves (the checkpoint is compl
 operator state and the key groups this instance restores are intact), so a refused restore
 leaves a backend's directory as it was; a `RestorableBackend` is marked while the restore
 runs, so one failing midway leaves the directory refused rather than half restored.
-A snapshot writes the backend's key groups of this instance plus the operator state; the
-caller drains first, so no record is half done in it.
+A snapshot holds the admission gate, drains, and writes the backend's key groups of this
+instance plus the operator state, so no record is half done in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from asyncstate.backends.base import BackendCapabilities
+from asyncstate.checkpoint.layout import checkpoint_path
 from asyncstate.checkpoint.operator_state import RestoredExtras, read_operator_extras
 from asyncstate.checkpoint.reader import open_checkpoint
 from asyncstate.checkpoint.snapshot import (
@@ -24,8 +26,9 @@ from asyncstate.checkpoint.snapshot import (
     write_snapshot,
 )
 from asyncstate.keygroups import KeyGroupRange
+from asyncstate.operator.admission import AdmissionGate
 
-__all__ = ["restore", "write"]
+__all__ = ["restore", "snapshot", "write"]
 
 
 def restore(capabilities: BackendCapabilities, path: str, key_groups: KeyGroupRange,
@@ -66,3 +69,27 @@ def write(capabilities: BackendCapabilities, path: str, *, parallelism: int,
         extra["list_sequence"] = capabilities.restorable.list_sequence()
     write_snapshot(store, path, parallelism=parallelism, operator_index=operator_index,
                    max_parallelism=max_parallelism, extra=extra, extra_sections=extra_sections)
+
+
+async def snapshot(capabilities: BackendCapabilities, gate: AdmissionGate,
+                   drain: Callable[[], Awaitable[None]],
+                   directory: str | os.PathLike[str], checkpoint_id: object, *,
+                   parallelism: int, operator_index: int, max_parallelism: int,
+                   operator_state: Callable[[], dict[str, dict[str, Any]]],
+                   extra_sections: SectionSource | None = None) -> str:
+    """Hold `gate`, `drain()`, then `write` this operator's part of checkpoint
+    `checkpoint_id` under `directory` (`operator_state()` is read once drained) and release
+    the gate; returns the checkpoint's path. Records admitted meanwhile wait at the gate, as
+    records behind a checkpoint barrier do."""
+    path = checkpoint_path(directory, checkpoint_id)
+    capabilities.checkpoint_store(path)  # refused before anything waits
+    gate.hold()
+    try:
+        await drain()
+        # No await between the drain and the write: the part holds no half-done record.
+        write(capabilities, path, parallelism=parallelism, operator_index=operator_index,
+              max_parallelism=max_parallelism, operator_state=operator_state(),
+              extra_sections=extra_sections)
+    finally:
+        gate.release()
+    return path

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from asyncstate.backends.base import BackendCapabilities, StateExecutor
-from asyncstate.checkpoint.layout import checkpoint_path
 from asyncstate.checkpoint.snapshot import SectionHandler
 from asyncstate.clock import Clock, SystemClock
 from asyncstate.config import AsyncStateConfig
@@ -344,22 +343,12 @@ class KeyedOperator:
         written, as records behind a checkpoint barrier do: the drain ends even under
         steady input, and the part holds exactly the records admitted before the call."""
         self._ready_to_wait("snapshot()")
-        path = checkpoint_path(directory, checkpoint_id)
-        assert self._capabilities is not None and self._gate is not None
-        self._capabilities.checkpoint_store(path)  # refused before anything waits
-        self._gate.hold()
-        try:
-            await self.drain()
-            # No await between the drain and the write: the part holds no half-done record.
-            checkpointing.write(
-                self._capabilities, path, parallelism=self.parallelism,
-                operator_index=self.operator_index,
-                max_parallelism=self.config.max_parallelism,
-                operator_state=self.runtime_context.operator_state_snapshot(),
-                extra_sections=self._started(self._timers).snapshot_sections)
-        finally:
-            self._gate.release()
-        return path
+        return await checkpointing.snapshot(
+            self._started(self._capabilities), self._started(self._gate), self.drain,
+            directory, checkpoint_id, parallelism=self.parallelism,
+            operator_index=self.operator_index, max_parallelism=self.config.max_parallelism,
+            operator_state=self.runtime_context.operator_state_snapshot,
+            extra_sections=self._started(self._timers).snapshot_sections)
 
     # -- introspection ---------------------------------------------------------------------
 
