@@ -6,6 +6,7 @@
 - `inbox`: records and events waiting to start from the controller's trampoline;
 - `progress`: watermarks and processing time, where due timers fire;
 - `checkpointing`: restore and snapshot of the operator's part of a checkpoint;
+- `closing`: the close sequence (outstanding work failed, then the function and the backend);
 - `functions`: the user function's side of the lifecycle (open, close, one operator at a time);
 - `arguments`: checks of the public arguments, before any compiled code sees them;
 - `run`: `ast.run`, a job over a list of records on a fresh event loop.

@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import os
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from asyncstate.backends.base import BackendCapabilities, StateExecutor
 from asyncstate.checkpoint.snapshot import SectionHandler
@@ -23,7 +23,7 @@ from asyncstate.errors import InvalidStateError
 from asyncstate.function import KeyedProcessFunction, RuntimeContext
 from asyncstate.keygroups import compute_key_group_range_for_operator_index
 from asyncstate.log import get_logger
-from asyncstate.operator import arguments, checkpointing, functions
+from asyncstate.operator import arguments, checkpointing, closing, functions
 from asyncstate.operator.admission import AdmissionGate
 from asyncstate.operator.inbox import Inbox
 from asyncstate.operator.metrics import operator_metrics
@@ -43,8 +43,6 @@ __all__ = ["KeyedOperator"]
 log = get_logger("asyncstate.operator")
 
 _P = TypeVar("_P")
-# How long closing waits for cancelled record Tasks to finish.
-_RECORD_TASKS_GRACE_S: Final = 1.0
 
 
 class KeyedOperator:
@@ -165,7 +163,7 @@ class KeyedOperator:
             if opener is not None:
                 await functions.settle(opener(self.runtime_context))
         except BaseException as exc:
-            await self._close_after(exc)
+            await closing.close_after(self._close, exc)
             raise
         self._state = "open"
         if self._watchdog is not None:
@@ -188,25 +186,16 @@ class KeyedOperator:
         if primary is None:
             await self._close()  # a clean exit: a failing close() is the error
             return
-        await self._close_after(primary)
+        await closing.close_after(self._close, primary)
         if exc is None:
             raise primary
 
-    async def _close_after(self, primary: BaseException) -> None:
-        """Close while `primary` is the error being raised: a failure of the function's
-        close() (or the backend's) is logged and noted on `primary`, never raised instead."""
-        try:
-            await self._close()
-        except Exception as exc:  # noqa: BLE001 - reported on the primary error
-            log.warning("operator.close_failed", error=repr(exc), while_raising=repr(primary))
-            primary.add_note(f"closing the operator after this error failed too: {exc!r}")
-
     async def _close(self) -> None:
-        """Fail what is outstanding, cancel record Tasks (their `finally` blocks run first),
-        then close the function (if its open() ran) and the backend."""
+        """Close once: the parts, then the function and the backend (`closing.close`)."""
         if self._state == "closed":
             return
         opened, self._state = self._state != "new", "closed"
+        function_opened, self._function_opened = self._function_opened, False
         if opened:
             metrics = self.metrics
             log.debug("operator.closed", function=type(self.function).__name__,
@@ -215,27 +204,10 @@ class KeyedOperator:
                       blocked_seconds=round(metrics["blocked_seconds"], 6),
                       failed=self._controller is not None
                       and self._controller.failure is not None)
-        if self._watchdog is not None:
-            self._watchdog.stop()
-        if self._timers is not None:
-            self._timers.close()
-        if opened:
-            assert self._controller is not None and self._driver is not None
-            self._controller.close()
-            await self._driver.cancel_and_wait(_RECORD_TASKS_GRACE_S)
-        closed: Any = None
-        try:
-            functions.unbind(self.function, self)
-            if self._function_opened:
-                self._function_opened = False
-                closer = getattr(self.function, "close", None)
-                if closer is not None:
-                    closed = closer()
-        finally:
-            if opened and self._gc_threshold is not None:
-                gc_threshold.release(self._gc_threshold)
-            self.backend.close()
-        await functions.settle(closed)
+        await closing.close(
+            self.function, self, self.backend, opened=opened, function_opened=function_opened,
+            controller=self._controller, driver=self._driver, watchdog=self._watchdog,
+            timers=self._timers, held_gc_threshold=self._gc_threshold)
 
     def _log_failure(self, exc: BaseException) -> None:
         log.info("operator.failed", function=type(self.function).__name__,
