@@ -26,7 +26,7 @@ from asyncstate.log import get_logger
 from asyncstate.operator import arguments, checkpointing, closing, functions
 from asyncstate.operator.admission import AdmissionGate
 from asyncstate.operator.inbox import Inbox
-from asyncstate.operator.metrics import operator_metrics
+from asyncstate.operator.metrics import measure_occupancy, operator_metrics
 from asyncstate.operator.progress import MIN_WATERMARK, TimeProgress, open_timers
 from asyncstate.operator.records import RecordRunner
 from asyncstate.operator.watchdog import RecordWatchdog
@@ -335,10 +335,7 @@ class KeyedOperator:
         """Start integrating the records admitted and not finished over time (while running;
         two clock readings per record from now on): `mean()` of the result is their
         time-weighted mean, for Little's law (see `asyncstate.runtime.occupancy`)."""
-        gate, controller = self._started(self._gate), self._started(self._controller)
-        occupancy = Occupancy(gate.in_flight)
-        gate.occupancy = controller.occupancy = occupancy
-        return occupancy
+        return measure_occupancy(self._started(self._gate), self._started(self._controller))
 
     def _started(self, part: _P | None) -> _P:
         if part is None:

@@ -15,6 +15,9 @@ Histograms, as {count, mean, min, p50, p90, p99, p99_9, max}: `batch_size` (requ
 executor call) and `request_latency_ms` (each request's time in the executor: its batch's
 trigger to delivery). Nothing here costs anything per record: the parts keep plain counters
 and this function reads them when asked.
+
+`measure_occupancy` starts the one measurement that does cost per record (two clock readings):
+the records admitted and not finished, integrated over time (`KeyedOperator.measure_occupancy`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from asyncstate.backends.cache import StateCache
 from asyncstate.histogram import Histogram
 from asyncstate.operator.admission import AdmissionGate
 from asyncstate.runtime.controller import AsyncExecutionController
+from asyncstate.runtime.occupancy import Occupancy
 
-__all__ = ["METRIC_NAMES", "operator_metrics"]
+__all__ = ["METRIC_NAMES", "measure_occupancy", "operator_metrics"]
 
 METRIC_NAMES = (
     "records_in", "records_done", "in_flight", "in_flight_peak", "batches", "requests",
@@ -79,3 +83,11 @@ def operator_metrics(controller: AsyncExecutionController | None,
         "request_latency_ms": stats.request_latency_us.summary(scale=0.001),
         **cache,
     }
+
+
+def measure_occupancy(gate: AdmissionGate, controller: AsyncExecutionController) -> Occupancy:
+    """Start integrating the records `gate` admitted and `controller` has not finished over
+    time: `gate` steps the result up per admitted record, `controller` down per finished one."""
+    occupancy = Occupancy(gate.in_flight)
+    gate.occupancy = controller.occupancy = occupancy
+    return occupancy
