@@ -2,7 +2,8 @@
 
 A function object's states are bound to the operator that opened it, so one function object
 runs in one operator at a time: `bind` refuses a second one while the first is open.
-`open()` and `close()` may be plain or `async def`; `settle` awaits what they returned.
+`open()` and `close()` may be plain or `async def`; `call_open` calls the former and `settle`
+awaits what they returned.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Final
 
 from asyncstate.errors import InvalidStateError
 
-__all__ = ["bind", "settle", "unbind"]
+__all__ = ["bind", "call_open", "settle", "unbind"]
 
 # Function objects opened by a running operator, by id.
 _BOUND: Final[dict[int, Any]] = {}
@@ -38,3 +39,10 @@ async def settle(result: object) -> None:
     """Await what open() or close() returned when it is awaitable (an `async def`)."""
     if inspect.isawaitable(result):
         await result
+
+
+async def call_open(function: object, runtime_context: object) -> None:
+    """Call the function's open(runtime_context), if it has one, and await it if async."""
+    opener = getattr(function, "open", None)
+    if opener is not None:
+        await settle(opener(runtime_context))

@@ -98,32 +98,32 @@ class KeyedOperator:
 
     def _wire(self) -> None:
         """Build the parts around a new controller on the running loop."""
-        config = self.config
+        config, function, loop = self.config, self.function, asyncio.get_running_loop()
+        record_timeout_ms = config.record_timeout_ms
         controller = self._controller = AsyncExecutionController(
             self.backend, batch_size=config.batch_size,
             buffer_timeout_ms=config.buffer_timeout_ms, max_in_flight=config.max_in_flight,
             max_parallelism=config.max_parallelism,
             iterator_chunk_size=config.iterator_chunk_size,
-            time_records=config.record_timeout_ms is not None)
+            time_records=record_timeout_ms is not None)
         controller.add_failure_listener(self._log_failure)
-        if config.record_timeout_ms is not None:
-            self._watchdog = RecordWatchdog(asyncio.get_running_loop(), controller,
-                                            config.record_timeout_ms)
+        if record_timeout_ms is not None:
+            self._watchdog = RecordWatchdog(loop, controller, record_timeout_ms)
         self._capabilities = BackendCapabilities.of(self.backend)
-        process_element = self.function.process_element
-        always_task = getattr(self.function, "needs_task", None)  # a duck-typed function too
-        self._driver = UserCodeDriver(
-            asyncio.get_running_loop(), controller.fail,
+        process_element = function.process_element
+        always_task = getattr(function, "needs_task", None)  # a duck-typed function too
+        driver = self._driver = UserCodeDriver(
+            loop, controller.fail,
             needs_task(process_element) if always_task is None else always_task)
-        on_timer = getattr(self.function, "on_timer", None)
-        self._records = RecordRunner(
+        on_timer = getattr(function, "on_timer", None)
+        records = self._records = RecordRunner(
             self, process_element, on_timer if callable(on_timer) else None,
-            self._key_selector, self._timestamp_selector, controller, self._driver,
+            self._key_selector, self._timestamp_selector, controller, driver,
             contextvars.copy_context(), self.key_group_range, config.max_parallelism,
             self.parallelism, self.operator_index)
         self._ttl_timers = TtlTimers(controller)
-        self._records.internal_timers = self._ttl_timers.fire
-        inbox = Inbox(controller, self._records)
+        records.internal_timers = self._ttl_timers.fire
+        inbox = Inbox(controller, records)
         self._gate = AdmissionGate(controller, inbox, config.max_in_flight, self._ready)
         self._progress = TimeProgress(controller, inbox, self.clock)
 
@@ -141,7 +141,6 @@ class KeyedOperator:
         if self._state != "new":
             raise InvalidStateError(f"{self!r} was already started; create a new operator")
         self._wire()
-        assert self._capabilities is not None and self._controller is not None
         self._state = "opening"  # records and snapshots are refused until open() is done
         self._gc_threshold = self.config.resolved_gc_threshold()
         if self._gc_threshold is not None:
@@ -153,15 +152,13 @@ class KeyedOperator:
                 self._open_timers()
             else:
                 restored = checkpointing.restore(
-                    self._capabilities, self.restore_from, self.key_group_range,
+                    self._started(self._capabilities), self.restore_from, self.key_group_range,
                     self.config.max_parallelism, self._open_timers)
             self.runtime_context = RuntimeContext(
-                self._controller, self.backend, parallelism=self.parallelism,
+                self.controller, self.backend, parallelism=self.parallelism,
                 operator_index=self.operator_index, restored=restored, operator=self)
             self._function_opened = True  # a failing open() still gets its close(), as in Flink
-            opener = getattr(self.function, "open", None)
-            if opener is not None:
-                await functions.settle(opener(self.runtime_context))
+            await functions.call_open(self.function, self.runtime_context)
         except BaseException as exc:
             await closing.close_after(self._close, exc)
             raise
