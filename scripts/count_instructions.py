@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 
 ARMS = ("heap-callback", "heap-async", "heap-ttl", "batched-callback", "batched-async",
-        "rocksdb-async")
+        "rocksdb-async", "rocksdb-ttl")
 
 _CHILD = r"""
 import sys, tempfile
@@ -45,8 +45,8 @@ class AsyncCounter(ast.KeyedProcessFunction):
     async def process_element(self, value, ctx):
         await self.count.update((await self.count.value() or 0) + 1)
 
-# heap-ttl: heap-async with the TTL of `bench.py ttl` (an hour, refreshed on read,
-# incremental cleanup of 5 entries), processing time on the system clock.
+# heap-ttl, rocksdb-ttl: the async counter with the TTL of `bench.py ttl` (an hour,
+# refreshed on read, incremental cleanup of 5 entries), processing time on the system clock.
 ttl = (ast.StateTtlConfig.new_builder(3_600_000)
        .set_update_type(ast.UpdateType.ON_READ_AND_WRITE)
        .cleanup_incrementally(5, False).build()) if arm.endswith("ttl") else None
