@@ -27,14 +27,19 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from mypy_extensions import mypyc_attr as mypyc_attr
 
 __all__ = [
     "COMPILED_MODULES",
     "PURE_PYTHON_ENV",
     "STAMP_NAME",
     "mode",
+    "mypyc_attr",
     "problems",
     "select",
     "write_stamp",
@@ -92,6 +97,16 @@ COMPILED_MODULES: tuple[str, ...] = (
     "asyncstate.timers.service",
     "asyncstate.timers.timer",
 )
+
+_C = TypeVar("_C")
+
+if not TYPE_CHECKING:
+    def mypyc_attr(*attrs: Any, **kwattrs: Any) -> Callable[[_C], _C]:
+        """mypy_extensions.mypyc_attr for the compiled modules (`# compiled: mypyc_attr`):
+        mypyc reads the decorator and never calls it, and the Python sources need no
+        mypy_extensions at run time. (This module is not compiled: mypyc would turn the
+        branch that type checkers skip into an error.)"""
+        return lambda cls: cls
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _mode: str | None = None

@@ -21,7 +21,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-ARMS = ("heap-callback", "heap-async", "batched-callback", "batched-async", "rocksdb-async")
+ARMS = ("heap-callback", "heap-async", "heap-ttl", "batched-callback", "batched-async",
+        "rocksdb-async", "rocksdb-ttl")
 
 _CHILD = r"""
 import sys, tempfile
@@ -37,12 +38,19 @@ class CallbackCounter(ast.KeyedProcessFunction):
         return state.value().then_compose(lambda c: state.update((c or 0) + 1))
 
 class AsyncCounter(ast.KeyedProcessFunction):
+    def __init__(self, ttl=None):
+        self.ttl = ttl
     def open(self, ctx):
-        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count", ttl=self.ttl))
     async def process_element(self, value, ctx):
         await self.count.update((await self.count.value() or 0) + 1)
 
-fn = CallbackCounter() if arm.endswith("callback") else AsyncCounter()
+# heap-ttl, rocksdb-ttl: the async counter with the TTL of `bench.py ttl` (an hour,
+# refreshed on read, incremental cleanup of 5 entries), processing time on the system clock.
+ttl = (ast.StateTtlConfig.new_builder(3_600_000)
+       .set_update_type(ast.UpdateType.ON_READ_AND_WRITE)
+       .cleanup_incrementally(5, False).build()) if arm.endswith("ttl") else None
+fn = CallbackCounter() if arm.endswith("callback") else AsyncCounter(ttl)
 if arm.startswith("heap"):
     backend = ast.HeapBackend()
 elif arm.startswith("batched"):

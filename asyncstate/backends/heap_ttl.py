@@ -59,10 +59,13 @@ def value_get(table: dict[Any, Any], k: Any, read: TtlRead) -> Any:
     entry: TtlValue | None = table.get(k)  # compiled: typed local
     if entry is None:
         return None
-    found = _found(read, entry)
+    policy = read.policy
+    found = outcome(read, entry.ts)  # `_found`, inlined: it runs for every read
     if found == _FRESH:
+        if policy.update_on_read:
+            entry.ts = read.access
         return from_stored(entry.stored)
-    if read.policy.cleanup_on_read:
+    if policy.cleanup_on_read:
         del table[k]
     return from_stored(entry.stored) if found == _RETURNED else None
 

@@ -61,6 +61,11 @@ __all__ = ["AsyncExecutionController"]
 _set_current: Final = _CURRENT.set  # compiled: Final alias
 
 
+def _what(state: Any) -> str:
+    """How an error message names `state` (None: no particular state)."""
+    return "state" if state is None else f"state {getattr(state, 'name', state)!r}"
+
+
 def _enter_and_run(ctx: RecordContext, run: Callable[[RecordContext], Any]) -> Any:
     _set_current(ctx)
     return run(ctx)
@@ -181,14 +186,14 @@ class AsyncExecutionController:
         already finished (a task or callback outlived it), InvalidStateError naming the state
         and the key, which also fails the run: the call would otherwise be lost silently."""
         ctx = current_context()
-        what = "state" if state is None else f"state {getattr(state, 'name', state)!r}"
         if ctx is None:
             raise InvalidStateError(
-                f"{what} accessed outside a record: state can only be used while a record or "
-                "timer is processed (not in open(), not in a task the record did not await)")
+                f"{_what(state)} accessed outside a record: state can only be used while a "
+                "record or timer is processed (not in open(), not in a task the record did "
+                "not await)")
         if ctx.finished:
             exc = InvalidStateError(
-                f"{what} accessed for the record with key {ctx.key!r} after that record "
+                f"{_what(state)} accessed for the record with key {ctx.key!r} after that record "
                 "finished (a task or callback outlived its record): await the task inside "
                 "process_element, or do the state calls there")
             self.fail(exc)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
+from asyncstate._compiled import mypyc_attr
 from asyncstate.serde import check_value_bytes, stored_to_bytes
 
 __all__ = [
@@ -98,6 +99,12 @@ class TtlPolicy:
                 f"return_expired={self.return_expired} cleanup_on_read={self.cleanup_on_read}>")
 
 
+# compiled: mypyc_attr. Both classes are allocated for every TTL request. Neither can be part of
+# a reference cycle (a stored form is a scalar or packed bytes, `arg` a user key's bytes or
+# None): acyclic, the compiled build leaves them out of the cyclic GC (no tracking, and a heap
+# table of `TtlValue`s is never walked); free_list_len=1 reuses a freed instance (a read's
+# `TtlRead` and a write's `TtlValue` die with their request).
+@mypyc_attr(acyclic=True, free_list_len=1)
 class TtlValue:
     """A timestamped entry in memory: its last access time and its value's stored form."""
 
@@ -111,6 +118,7 @@ class TtlValue:
         return f"TtlValue({self.ts}, {self.stored!r})"
 
 
+@mypyc_attr(acyclic=True, free_list_len=1)
 class TtlRead:
     """The payload of a TTL state's read: its policy, "now" (expiry is checked against it),
     the access time a refresh writes, and the request's own argument (a map's user key)."""

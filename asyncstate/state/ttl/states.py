@@ -179,14 +179,6 @@ class TtlSupport:
             return _time_ns() // 1_000_000
         return self._clock.now_ms()
 
-    def _wrote(self, access: int) -> None:
-        """An entry stamped `access` was (or may have been) written: keep the tracker's bound
-        (the call is skipped in the common case, a bound already below)."""
-        tracker = self.tracker
-        exp = access + self.ttl_ms
-        if exp < tracker.bound or tracker.passing:
-            tracker.wrote(expiration(access, self.ttl_ms))
-
     def _access(self, ctx: RecordContext) -> int:
         ts = ctx.timestamp
         if ts is None:
@@ -212,20 +204,28 @@ class TtlSupport:
             self._accessed(self._now())
 
     def _make_read(self, ctx: RecordContext, arg: Any, policy: TtlPolicy) -> TtlRead:
+        # Runs for every read, so `_now` and `_accessed` are inlined (as in `write_time`).
         refresh = policy.update_on_read
         now: int
         access: int
         if self._event:
             now = self._operator.current_watermark()
             access = self._access(ctx) if refresh else now
+        elif self._wall:
+            now = access = _time_ns() // 1_000_000
         else:
-            now = access = self._now()
+            now = access = self._clock.now_ms()
+        tracker = self.tracker
         if refresh:
-            self._wrote(access)
+            # The refresh is a write of `access`: keep the tracker's bound (the call is
+            # skipped in the common case, a bound already below).
+            if access + self.ttl_ms < tracker.bound or tracker.passing:
+                tracker.wrote(expiration(access, self.ttl_ms))
             timers = self.timers
             if timers is not None:
                 timers.wrote(ctx, access)
-        self._accessed(now)
+        if self._incremental and now >= tracker.bound:
+            self.cleaner.ttl_cleanup_step(self.name, self._incremental, now)
         return TtlRead(policy, now, access, arg)
 
     def read(self, ctx: RecordContext, arg: Any) -> TtlRead:
@@ -242,18 +242,26 @@ class TtlSupport:
 
     def write_time(self, ctx: RecordContext) -> int:
         """The access time of a write issued now."""
+        # Runs for every write, so `_now` and `_accessed` are inlined (as in `_make_read`).
         now: int
         access: int
         if self._event:
             access = self._access(ctx)
             now = self._operator.current_watermark()
+        elif self._wall:
+            now = access = _time_ns() // 1_000_000
         else:
-            now = access = self._now()
-        self._wrote(access)
+            now = access = self._clock.now_ms()
+        tracker = self.tracker
+        # Keep the tracker's bound (the call is skipped in the common case, a bound already
+        # below).
+        if access + self.ttl_ms < tracker.bound or tracker.passing:
+            tracker.wrote(expiration(access, self.ttl_ms))
         timers = self.timers
         if timers is not None:
             timers.wrote(ctx, access)
-        self._accessed(now)
+        if self._incremental and now >= tracker.bound:
+            self.cleaner.ttl_cleanup_step(self.name, self._incremental, now)
         return access
 
     def stamp(self, ctx: RecordContext, stored: Any) -> TtlValue:
@@ -275,7 +283,9 @@ class TtlValueState(ValueState[T], Generic[T]):
         """A future of the value, or None when unset (or expired: see the visibility)."""
         controller = self._controller
         ctx = controller.current(self)
-        return controller.handle_request(self, _VALUE_GET, self._ttl.read(ctx, None), ctx)
+        ttl = self._ttl
+        return controller.handle_request(
+            self, _VALUE_GET, ttl._make_read(ctx, None, ttl.policy), ctx)
 
     def update(self, value: T | None) -> StateFuture[None]:
         """Set the value, stamped with the access time; None clears it."""
@@ -285,7 +295,8 @@ class TtlValueState(ValueState[T], Generic[T]):
             self._ttl.touch(ctx)
             return controller.handle_request(self, _VALUE_UPDATE, None, ctx)
         stored = to_stored(value, self.name)
-        return controller.handle_request(self, _VALUE_UPDATE, self._ttl.stamp(ctx, stored), ctx)
+        entry = TtlValue(self._ttl.write_time(ctx), stored)
+        return controller.handle_request(self, _VALUE_UPDATE, entry, ctx)
 
     def clear(self) -> StateFuture[None]:
         """Remove the value for the current key and namespace."""
