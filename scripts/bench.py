@@ -354,9 +354,7 @@ def ratio_table(bench: Bench, title: str, names: Sequence[str],
             "runs": [dataclasses.asdict(r) | {f"{unit}_per_s": r.rate} for r in runs[name]],
         }
     bench.console.print(table)
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    print_errors(bench, errors)
     return all_ok, arms_json
 
 
@@ -894,9 +892,7 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
                          f"memtable bloom ratio {rocksdb_options.memtable_bloom_ratio:g}; "
                          f"mean batch {m['mean_batch_size']:.0f} requests")
     bench.console.print(table)
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    print_errors(bench, errors)
     return {"scenario": "rocksdb", "ok": all_ok, "params": params,
             "environment": bench.environment(), "arms": arms_json}
 
@@ -984,9 +980,7 @@ def rocksdb_cache_table(bench: Bench, arm: Callable[..., Callable[[float], RunRe
                                      for r in runs[name]]}
                      for name, b in zip(names, best, strict=True)}}
     bench.console.print(table)
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    print_errors(bench, errors)
     return {"scenario": "rocksdb-cache", "ok": all_ok,
             "params": {"records": records, "keys": list(counts), "repeats": repeats,
                        "max_seconds_per_run": max_seconds, "seed": args.seed,
@@ -1859,9 +1853,7 @@ def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[st
                         "Spark's input (shuffle read); process: the rest until the input ends; "
                         "drain; commit: the checkpoint part; output: Spark consuming outputs; "
                         "read: the reader thread inside Spark's iterator (overlaps the others)")
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    print_errors(bench, errors)
     return {"scenario": "spark", "ok": all_ok,
             "params": {"records": n_records, "keys": n_keys, "repeats": repeats,
                        "partitions": SPARK_PARTITIONS, "master": "local[2]"},
@@ -1985,9 +1977,7 @@ def ttl(bench: Bench) -> dict[str, Any]:
             "runs": [dataclasses.asdict(r) | {"records_per_s": r.rate} for r in runs[name]],
         }
     bench.console.print(table)
-    for name, tb in errors.items():
-        bench.console.print(f"[red bold]{name} crashed:[/]")
-        bench.console.print(tb, markup=False, highlight=False)
+    print_errors(bench, errors)
     return {"scenario": "ttl", "ok": all_ok, "params": params,
             "environment": bench.environment(), "arms": arms_json}
 
