@@ -31,6 +31,15 @@ Where `answer` runs:
 Bounded by entries, least recently used first out: a value entry counts 1, a list or map
 entry 1 plus its elements. Values are kept in stored form (scalars as they are, containers
 packed), so every hit hands out a fresh copy. `invalidate()` empties it (a restore calls it).
+
+Write-back (`write_back=True`, at issue time only): a write of a value, reducing or
+aggregating state (or its clear) completes in the cache alone and marks the entry dirty;
+nothing goes to the backend then. A dirty entry reaches the backend as one write when it is
+evicted (the controller sends `take_evicted()` before any later request, so a read that
+misses after the eviction finds it in the backend) or when the operator drains
+(`take_writes()`: every dirty entry, which stays cached, clean), which a snapshot and a clean
+close do first. So a hot key's writes cost one backend write per eviction or drain, not one
+per record. List and map writes stay write-through.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ import msgpack
 
 from asyncstate.backends.base import BatchDelivery, ExecutorBinding
 from asyncstate.packed import Packed
+from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.future import StateFuture
 from asyncstate.runtime.requests import (
     IteratorChunk,
     RequestState,
@@ -104,7 +115,13 @@ _READS: Final = frozenset({_VALUE_GET, _REDUCING_GET, _AGGREGATING_GET, _LIST_GE
                            _MAP_CONTAINS, _MAP_ITER, _MAP_ITER_KEY, _MAP_ITER_VALUE,
                            _MAP_IS_EMPTY})
 
-EntryKey = tuple[str, bytes, bytes]  # (state name, key bytes, namespace bytes)
+# An entry's key: 4 bytes numbering its state, then its key bytes and namespace bytes (each
+# one canonical msgpack object, so the three parts never run into each other). One bytes
+# object caches its hash, so the several dict operations of a request hash it once.
+EntryKey = bytes
+# A dirty entry's state, key group, the request type that writes its value back, key bytes
+# and namespace bytes.
+_Dirty = tuple[RequestState, int, StateRequestType, bytes, bytes]
 
 
 def _to_stored(value: Any) -> Any:
@@ -160,13 +177,30 @@ class StateCache:
     binding `open` returned).
     """
 
-    __slots__ = ("_bypass", "_chunk", "_deliver", "_entries", "_execute", "_reading",
-                 "_issue_time", "_splits", "_stale", "_weight", "capacity", "evictions", "hits",
-                 "misses")
+    __slots__ = ("_absorb", "_bypass", "_chunk", "_deliver", "_dirty", "_entries", "_execute",
+                 "_get", "_issue_time", "_last", "_prefixes", "_reading", "_splits", "_stale",
+                 "_touch", "_weight", "capacity", "evicted", "evictions", "hits", "misses",
+                 "write_back", "write_backs")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, write_back: bool = False) -> None:
+        if capacity < 1:
+            raise ValueError(f"a StateCache holds at least 1 entry, not {capacity}")
         self.capacity = capacity
+        self.write_back = write_back
+        self._absorb = False  # write_back, and answering at issue time
+        # Dirty entries (write-back): written in the cache, not yet sent to the backend.
+        self._dirty: dict[EntryKey, _Dirty] = {}
+        self._prefixes: dict[str, bytes] = {}  # state name -> the first 4 bytes of its keys
+        # The last key built and what it was built from (compared by identity).
+        self._last: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")
+        # The writes of dirty entries evicted since the controller last took them.
+        self.evicted: list[StateRequest] = []
+        self.write_backs = 0  # writes of dirty entries handed on
         self._entries: OrderedDict[EntryKey, Any] = OrderedDict()
+        # compiled: the OrderedDict's methods bound once; called through a name, each call
+        # would look the method up again (an OrderedDict is not a dict to mypyc's fast path).
+        self._get: Callable[[EntryKey, Any], Any] = self._entries.get
+        self._touch: Callable[[EntryKey], None] = self._entries.move_to_end
         self._weight = 0
         # Reads of each entry on their way to the backend, and the entries written since one
         # of them was sent (their answers must not fill the cache).
@@ -184,8 +218,9 @@ class StateCache:
 
     def __repr__(self) -> str:
         mode = "issue time" if self._issue_time else "trigger time"
+        writes = f", write-back, {len(self._dirty)} dirty" if self._absorb else ""
         return (f"<StateCache {len(self._entries)} entries, weight {self._weight}/"
-                f"{self.capacity}, hits={self.hits} misses={self.misses} ({mode})>")
+                f"{self.capacity}, hits={self.hits} misses={self.misses} ({mode}{writes})>")
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -202,8 +237,10 @@ class StateCache:
 
     def serve_at_issue(self) -> None:
         """From now on the controller calls `answer` for every request at issue time, and
-        batches hold only writes and misses (call before the first request)."""
+        batches hold only writes and misses (call before the first request). A write-back
+        cache holds value writes back from here on (trigger-time answers write through)."""
         self._issue_time = True
+        self._absorb = self.write_back
 
     def bypass(self, name: str) -> None:
         """Never cache state `name`: its requests all go to the backend, as without a cache
@@ -221,12 +258,47 @@ class StateCache:
         reads = self.hits + self.misses
         return self.hits / reads if reads else 0.0
 
+    @property
+    def dirty(self) -> int:
+        """Entries written in the cache and not yet handed on to the backend."""
+        return len(self._dirty) + len(self.evicted)
+
     def invalidate(self) -> None:
-        """Forget everything (the backend's state was replaced, as by a restore). Reads on
-        their way fill nothing."""
+        """Forget everything (the backend's state was replaced, as by a restore), dirty
+        entries included. Reads on their way fill nothing."""
         self._entries.clear()
         self._weight = 0
+        self._dirty.clear()
+        self.evicted.clear()
         self._stale.update(self._reading)
+
+    def take_evicted(self) -> list[StateRequest]:
+        """The writes of the dirty entries evicted so far, in eviction order (each has a
+        future without a context); the caller sends them before any later request."""
+        evicted = self.evicted
+        self.evicted = []
+        return evicted
+
+    def take_writes(self) -> list[StateRequest]:
+        """`take_evicted()`, then the writes of every dirty entry still cached, which stay
+        cached, clean."""
+        writes = self.take_evicted()
+        dirty = self._dirty
+        if dirty:
+            entries = self._entries
+            for key, item in dirty.items():
+                writes.append(self._write_back(key, item, entries[key]))
+            dirty.clear()
+        return writes
+
+    def _write_back(self, key: EntryKey, item: _Dirty, stored: Any) -> StateRequest:
+        """The request that writes dirty entry `key` (`stored`) to the backend."""
+        state, key_group, t, key_bytes, namespace = item
+        if stored is _ABSENT:
+            t, stored = _CLEAR, None
+        self.write_backs += 1
+        return StateRequest(state, t, stored, namespace,
+                            RecordContext(None, None, key_bytes, key_group, None), StateFuture())
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -248,7 +320,7 @@ class StateCache:
                 request = batch[i]
                 result = self.answer(request.state, request.request_type,  # type: ignore[arg-type]
                                      request.payload, request.context.key_bytes,
-                                     request.namespace)
+                                     request.namespace, request.context.key_group)
                 if result is MISS or result is BUFFERED:
                     sent.append(request)
                     slots.append(i)
@@ -287,7 +359,7 @@ class StateCache:
         with no read of it between them (their result is None either way); the requests
         kept go into `sent`, their positions into `slots`. False (nothing filled in) when
         every request is kept."""
-        later: set[EntryKey] = set()  # entries written further on, no read between
+        later: set[tuple[Any, ...]] = set()  # entries written further on, no read between
         dropped: list[int] = []
         for i in range(len(batch) - 1, -1, -1):  # compiled: index loop
             request = batch[i]
@@ -356,27 +428,34 @@ class StateCache:
             if request.request_type in reads:
                 self._done_reading(self._key_of(request))
 
-    @staticmethod
-    def _key_of(request: StateRequest) -> EntryKey:
-        return (request.state.name,  # type: ignore[union-attr]
-                request.context.key_bytes, request.namespace)
+    def _key_of(self, request: StateRequest) -> EntryKey:
+        return self._entry_key(request.state.name,  # type: ignore[union-attr]
+                               request.context.key_bytes, request.namespace)
+
+    def _entry_key(self, name: str, key_bytes: bytes, namespace: bytes) -> EntryKey:
+        last = self._last
+        if key_bytes is last[1] and name is last[0] and namespace is last[2]:
+            return last[3]  # a record's read and write of one state: the same objects
+        prefix = self._prefixes.get(name)
+        if prefix is None:
+            prefix = self._prefixes[name] = len(self._prefixes).to_bytes(4, "big")
+        key = prefix + key_bytes + namespace
+        self._last = (name, key_bytes, namespace, key)
+        return key
 
     # -- the entries -----------------------------------------------------------------------
 
     def _put(self, key: EntryKey, entry: Any, weight: int) -> None:
         """Cache `entry` (replacing what was there) as the most recently used."""
-        entries = self._entries
-        old = entries.get(key, _UNKNOWN)
+        old = self._get(key, _UNKNOWN)
         if weight > self.capacity:  # too large to keep: forget it
-            if old is not _UNKNOWN:
-                del entries[key]
-                self._weight -= self._weight_of(old)
+            self._drop(key)
             return
-        entries[key] = entry
+        self._entries[key] = entry
         if old is _UNKNOWN:
             self._weight += weight
         else:
-            entries.move_to_end(key)
+            self._touch(key)
             self._weight += weight - self._weight_of(old)
         if self._weight > self.capacity:
             self._evict()
@@ -392,13 +471,21 @@ class StateCache:
         old = self._entries.pop(key, _UNKNOWN)
         if old is not _UNKNOWN:
             self._weight -= self._weight_of(old)
+            item = self._dirty.pop(key, None)
+            if item is not None:  # never lose a write held back
+                self.evicted.append(self._write_back(key, item, old))
 
     def _evict(self) -> None:
         entries = self._entries
+        dirty = self._dirty
         while self._weight > self.capacity and entries:
-            _key, old = entries.popitem(last=False)
+            key, old = entries.popitem(last=False)
             self._weight -= self._weight_of(old)
             self.evictions += 1
+            if dirty:
+                item = dirty.pop(key, None)
+                if item is not None:
+                    self.evicted.append(self._write_back(key, item, old))
 
     @staticmethod
     def _weight_of(entry: Any) -> int:
@@ -410,10 +497,9 @@ class StateCache:
 
     def _known(self, key: EntryKey) -> Any:
         """The cached entry of `key` as the most recently used, or `_UNKNOWN`."""
-        entries = self._entries
-        entry = entries.get(key, _UNKNOWN)
+        entry = self._get(key, _UNKNOWN)
         if entry is not _UNKNOWN:
-            entries.move_to_end(key)
+            self._touch(key)
         return entry
 
     def _miss(self, key: EntryKey) -> Any:
@@ -425,7 +511,7 @@ class StateCache:
 
     def _written(self, key: EntryKey) -> None:
         """A write to `key`: answers of reads sent before it are stale."""
-        if key in self._reading:
+        if self._reading and key in self._reading:
             self._stale.add(key)
 
     def _done_reading(self, key: EntryKey) -> bool:
@@ -455,11 +541,11 @@ class StateCache:
     # -- answering -------------------------------------------------------------------------
 
     def answer(self, state: RequestState, request_type: StateRequestType, payload: Any,
-               key_bytes: bytes, namespace: bytes) -> Any:
+               key_bytes: bytes, namespace: bytes, key_group: int) -> Any:
         """Apply one request to the cache: the result of a read it can answer, `MISS` for
-        a read it cannot, `BUFFERED` for a write (the cache holds its effect; it must go on
-        to the backend: the cache is write-through). Every request of a state the cache
-        bypasses is a `MISS`."""
+        a read it cannot, `BUFFERED` for a write that must go on to the backend (the cache
+        holds its effect), None for a write held back (write-back, value kinds). Every
+        request of a state the cache bypasses is a `MISS`."""
         t = request_type
         if t is _LOADING:
             continuation = payload[1]
@@ -471,7 +557,7 @@ class StateCache:
         name = state.name
         if name in self._bypass:
             return MISS  # sent on as it is; its answer fills nothing (no read registered)
-        key: EntryKey = (name, key_bytes, namespace)
+        key = self._entry_key(name, key_bytes, namespace)
         if t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
             entry = self._known(key)
             if entry is _UNKNOWN:
@@ -481,10 +567,17 @@ class StateCache:
         if t is _VALUE_UPDATE or t is _REDUCING_ADD or t is _AGGREGATING_ADD:
             self._written(key)
             self._put(key, _ABSENT if payload is None else payload, 1)
+            if self._absorb:
+                self._dirty[key] = (state, key_group, t, key_bytes, namespace)
+                return None
             return BUFFERED
         if t in _READS:
             return self._answer_read(key, t, payload)
         self._written(key)
+        if self._absorb and t is _CLEAR and state.kind in _VALUE_KINDS:
+            self._put(key, _ABSENT, 1)
+            self._dirty[key] = (state, key_group, _CLEAR, key_bytes, namespace)
+            return None
         self._write(key, t, payload, state.kind)
         return BUFFERED
 

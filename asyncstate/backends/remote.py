@@ -70,7 +70,8 @@ class SimulatedRemoteBackend:
     """
 
     def __init__(self, inner: StateExecutor, *, latency_ms: float, io_parallelism: int = 2,
-                 cache_entries: int = 0, failure_probability: float = 0.0,
+                 cache_entries: int = 0, cache_write_back: bool = False,
+                 failure_probability: float = 0.0,
                  seed: int | None = None, latency_p99_ms: float | None = None,
                  per_key_ms: float = 0.0, fail_on_call: int | None = None) -> None:
         if isinstance(inner, type) or not callable(getattr(inner, "execute_batch", None)):
@@ -83,6 +84,8 @@ class SimulatedRemoteBackend:
             raise ConfigError("io_parallelism", io_parallelism, "an int >= 1")
         if type(cache_entries) is not int or cache_entries < 0:
             raise ConfigError("cache_entries", cache_entries, "an int >= 0")
+        if type(cache_write_back) is not bool:
+            raise ConfigError("cache_write_back", cache_write_back, "True or False")
         if isinstance(failure_probability, bool) or \
                 not isinstance(failure_probability, (int, float)) or \
                 not 0.0 <= failure_probability <= 1.0:
@@ -108,7 +111,9 @@ class SimulatedRemoteBackend:
         # sigma = ln(p / m) / z99.
         self._sigma = math.log(p99 / latency) / _Z99 if p99 is not None else 0.0
         self._random = random.Random(seed)
-        self._cache = StateCache(cache_entries) if cache_entries else None
+        self.cache_write_back = cache_write_back
+        self._cache = StateCache(cache_entries, write_back=cache_write_back) \
+            if cache_entries else None
         self._binding: ExecutorBinding | None = None
         self._deliver_up: Any = None
         self._pool: ThreadPoolExecutor | None = None

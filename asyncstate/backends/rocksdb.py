@@ -180,8 +180,8 @@ class RocksDBBackend:
     thread hand-off costs more than that. 0 sends every read to the pool. `options` is a
     `RocksDBOptions`. `timers`: where the operator's timers live, "rocksdb" (in the
     directory, column families of their own, behind a small cache) or "heap" (in memory,
-    snapshotted with the state). `cache_entries` > 0 puts a write-through `StateCache` of
-    that many entries in front (`asyncstate.backends.cache`).
+    snapshotted with the state). `cache_entries` > 0 puts a `StateCache` of that many
+    entries in front (`asyncstate.backends.cache`), write-through unless `cache_write_back`.
     """
 
     completes_at_issue = False
@@ -190,12 +190,15 @@ class RocksDBBackend:
                  io_parallelism: object = DEFAULT_IO_PARALLELISM,
                  inline_read_keys: object = DEFAULT_INLINE_READ_KEYS,
                  options: RocksDBOptions | None = None, timers: object = "rocksdb",
-                 cache_entries: object = 0) -> None:
+                 cache_entries: object = 0, cache_write_back: object = False) -> None:
         # compiled: typed as object (all are ints), so both builds raise check_int's error.
         io_parallelism = check_int("io_parallelism", io_parallelism, 1, _MAX_IO_PARALLELISM)
         inline_read_keys = check_int("inline_read_keys", inline_read_keys, 0)
         cache_entries = check_int("cache_entries", cache_entries, 0)
-        self._cache: StateCache | None = StateCache(cache_entries) if cache_entries else None
+        if type(cache_write_back) is not bool:
+            raise ConfigError("cache_write_back", cache_write_back, "True or False")
+        self._cache: StateCache | None = StateCache(
+            cache_entries, write_back=cache_write_back) if cache_entries else None
         if options is None:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):

@@ -278,13 +278,13 @@ class KeyedOperator:
     # -- progress --------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait until no record is in flight and the store has applied every write
-        (partial batches are sent at once)."""
+        """Wait until no record is in flight and the store has applied every write, those
+        a write-back state cache held back included (partial batches are sent at once)."""
         controller = self._ready_to_wait("drain()")
         gate = self._gate
         assert gate is not None
-        await controller.wait_until(
-            lambda: gate.in_flight == 0 and controller.buffered_writes == 0)
+        await controller.wait_until(lambda: gate.in_flight == 0 and controller.flush_cache()
+                                    and controller.buffered_writes == 0)
 
     async def advance_watermark(self, timestamp: object) -> None:
         """Advance event time; returns after every earlier record has finished and every

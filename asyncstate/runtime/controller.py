@@ -231,10 +231,13 @@ class AsyncExecutionController:
             cache = self._cache
             if cache is not None:
                 try:
-                    result = cache.answer(state, request_type, payload, ctx.key_bytes, ns)
+                    result = cache.answer(state, request_type, payload, ctx.key_bytes, ns,
+                                          ctx.key_group)
                 except Exception as exc:  # noqa: BLE001 - a cache failure fails the run
                     self.fail(exc)
                     return failed_future(exc)
+                if cache.evicted:
+                    self._send_evicted(cache, ctx)
                 if result is _BUFFERED:
                     if self._buffered_writes < self.max_in_flight:
                         # The write completes now and goes to the store without holding up
@@ -373,11 +376,14 @@ class AsyncExecutionController:
             try:
                 result = cache.answer(request.state,  # type: ignore[arg-type]
                                       request.request_type, request.payload,
-                                      request.context.key_bytes, request.namespace)
+                                      request.context.key_bytes, request.namespace,
+                                      request.context.key_group)
             except Exception as exc:  # noqa: BLE001 - a cache failure fails the run
                 self.fail(exc)
                 request.future._fail(exc)
                 return
+            if cache.evicted:
+                self._send_evicted(cache, request.context)
             if result is not _MISS and result is not _BUFFERED:
                 request.future._complete(result)
                 return
@@ -391,6 +397,28 @@ class AsyncExecutionController:
             return op(state.handle, key_bytes, ns, payload)
         assert self._immediate is not None  # only called for an immediate executor
         return self._immediate.execute_one(state, request_type, payload, key_bytes, ns)
+
+    def _send_evicted(self, cache: StateCache, ctx: RecordContext) -> None:
+        """Send the writes of the dirty entries a write-back cache evicted, ahead of the
+        request being issued. Each completes without holding up a record while fewer than
+        max_in_flight such writes wait; beyond that it holds `ctx`'s record until applied."""
+        for request in cache.take_evicted():
+            if self._buffered_writes < self.max_in_flight:
+                self._buffered_writes += 1
+            else:
+                request.future = StateFuture(ctx)
+            self._enqueue_active(request)
+
+    def flush_cache(self) -> bool:
+        """Send every write a write-back cache holds back (they complete like buffered
+        writes); True when it held none."""
+        cache = self._cache
+        if cache is None or not cache.dirty:
+            return True
+        for request in cache.take_writes():
+            self._buffered_writes += 1
+            self._enqueue_active(request)
+        return False
 
     def _enqueue_active(self, request: StateRequest) -> None:
         """Queue a request of a key-holding record; send a batch when it is full."""

@@ -202,10 +202,22 @@ def per_key(outputs: list[Any]) -> dict[str, list[Any]]:
 
 
 def run_program(program: list[tuple[str, tuple[Any, ...]]], backend: Any, *,
-                batch_size: int, max_in_flight: int, chunk: int = 2) -> dict[str, list[Any]]:
-    """Run `program` on `backend` and return what each key emitted."""
+                batch_size: int, max_in_flight: int, chunk: int = 2,
+                checkpoint_dir: str | None = None) -> dict[str, list[Any]]:
+    """Run `program` on `backend` and return what each key emitted. With `checkpoint_dir`,
+    the final reads run on a heap backend restored from the checkpoint the program's run
+    ends with, so they read what `backend` holds once drained, not what it answers."""
     config = ast.AsyncStateConfig(batch_size=batch_size, max_in_flight=max_in_flight,
                                   iterator_chunk_size=chunk)
-    outputs = ast.run(Program(), records_of(program), key_selector=lambda r: r[0],
-                      backend=backend, config=config)
+    records = records_of(program)
+    if checkpoint_dir is None:
+        outputs = ast.run(Program(), records, key_selector=lambda r: r[0], backend=backend,
+                          config=config)
+        return per_key(outputs)
+    outputs = ast.run(Program(), records[:len(program)], key_selector=lambda r: r[0],
+                      backend=backend, config=config, checkpoint_dir=checkpoint_dir,
+                      checkpoint_id=1)
+    outputs += ast.run(Program(), records[len(program):], key_selector=lambda r: r[0],
+                       backend=ast.HeapBackend(), config=config,
+                       restore_from=ast.checkpoint_path(checkpoint_dir, 1))
     return per_key(outputs)

@@ -30,18 +30,22 @@ from asyncstate.serde import NONE_BYTES, canonical_key, to_stored
 _T = StateRequestType
 
 
-def _remote_cached(cache_entries: int, latency_ms: float, seed: int) -> Any:
+def _remote_cached(cache_entries: int, latency_ms: float, seed: int,
+                   write_back: bool = False) -> Any:
     # The controller talks to the caching backend itself: the cache answers at issue time.
     return ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=latency_ms,
                                       latency_p99_ms=4 * latency_ms if latency_ms else None,
-                                      cache_entries=cache_entries, seed=seed)
+                                      cache_entries=cache_entries, seed=seed,
+                                      cache_write_back=write_back)
 
 
-def _remote_cached_wrapped(cache_entries: int, latency_ms: float, seed: int) -> Any:
+def _remote_cached_wrapped(cache_entries: int, latency_ms: float, seed: int,
+                           write_back: bool = False) -> Any:
     # A wrapper in front of the caching backend: the cache answers at trigger time, inside
-    # execute_batch, and sends the rest of each batch on.
+    # execute_batch, and sends the rest of each batch on (a write-back cache writes through).
     inner = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0,
-                                       cache_entries=cache_entries)
+                                       cache_entries=cache_entries,
+                                       cache_write_back=write_back)
     return ast.SimulatedRemoteBackend(inner, latency_ms=latency_ms, io_parallelism=3,
                                       latency_p99_ms=4 * latency_ms if latency_ms else None,
                                       seed=seed)
@@ -51,12 +55,17 @@ def _remote_cached_wrapped(cache_entries: int, latency_ms: float, seed: int) -> 
 @given(program=PROGRAMS, cache_entries=st.integers(1, 6),
        latency_ms=st.sampled_from([0, 0.2, 0.5]), seed=st.integers(0, 2**16),
        batch_size=st.integers(1, 5), max_in_flight=st.integers(1, 8),
-       wrapped=st.booleans())
+       wrapped=st.booleans(), write_back=st.booleans())
 def test_cached_remote_answers_as_the_uncached_heap(program, cache_entries, latency_ms, seed,
-                                                     batch_size, max_in_flight, wrapped):
+                                                     batch_size, max_in_flight, wrapped,
+                                                     write_back):
+    # A write-back cache's final reads run on a restore of the checkpoint the run ends
+    # with: they see what the store got, so a write held back and never handed on shows.
     make = _remote_cached_wrapped if wrapped else _remote_cached
-    backend = make(cache_entries, latency_ms, seed)
-    got = run_program(program, backend, batch_size=batch_size, max_in_flight=max_in_flight)
+    backend = make(cache_entries, latency_ms, seed, write_back)
+    with tempfile.TemporaryDirectory(prefix="asyncstate-cache-") as tmp:
+        got = run_program(program, backend, batch_size=batch_size, max_in_flight=max_in_flight,
+                          checkpoint_dir=tmp if write_back else None)
     want = run_program(program, ast.HeapBackend(), batch_size=batch_size,
                        max_in_flight=max_in_flight)
     assert got == want
@@ -64,13 +73,14 @@ def test_cached_remote_answers_as_the_uncached_heap(program, cache_entries, late
 
 @settings(max_examples=slow_examples(15))
 @given(program=PROGRAMS, cache_entries=st.integers(1, 6), batch_size=st.integers(1, 5),
-       max_in_flight=st.integers(1, 8))
+       max_in_flight=st.integers(1, 8), write_back=st.booleans())
 def test_cached_rocksdb_answers_as_the_uncached_heap(program, cache_entries, batch_size,
-                                                     max_in_flight):
+                                                     max_in_flight, write_back):
     with tempfile.TemporaryDirectory(prefix="asyncstate-cache-") as tmp:
         backend = ast.RocksDBBackend(Path(tmp) / "db", cache_entries=cache_entries,
-                                     inline_read_keys=0)
-        got = run_program(program, backend, batch_size=batch_size, max_in_flight=max_in_flight)
+                                     inline_read_keys=0, cache_write_back=write_back)
+        got = run_program(program, backend, batch_size=batch_size, max_in_flight=max_in_flight,
+                          checkpoint_dir=str(Path(tmp) / "checkpoints") if write_back else None)
     want = run_program(program, ast.HeapBackend(), batch_size=batch_size,
                        max_in_flight=max_in_flight)
     assert got == want
@@ -106,10 +116,10 @@ def test_capacity_bounds_entries_least_recently_used_first_out():
         name, kind, handle = "v", StateKind.VALUE, None
 
     def put(key: bytes, value: int) -> None:
-        assert cache.answer(S, _T.VALUE_UPDATE, value, key, b"\xc0") is BUFFERED
+        assert cache.answer(S, _T.VALUE_UPDATE, value, key, b"\xc0", 0) is BUFFERED
 
     def get(key: bytes) -> Any:
-        return cache.answer(S, _T.VALUE_GET, None, key, b"\xc0")
+        return cache.answer(S, _T.VALUE_GET, None, key, b"\xc0", 0)
 
     for i in range(3):
         put(bytes([i]), i)
@@ -126,11 +136,11 @@ def test_a_list_longer_than_the_cache_is_not_kept():
     class S:
         name, kind, handle = "l", StateKind.LIST, None
 
-    assert cache.answer(S, _T.LIST_UPDATE, [1, 2, 3], b"\x01", b"\xc0") is BUFFERED
-    assert cache.answer(S, _T.LIST_GET, None, b"\x01", b"\xc0").items == [1, 2, 3]
-    assert cache.answer(S, _T.LIST_ADD, 4, b"\x01", b"\xc0") is BUFFERED  # 1 + 4 > 4
+    assert cache.answer(S, _T.LIST_UPDATE, [1, 2, 3], b"\x01", b"\xc0", 0) is BUFFERED
+    assert cache.answer(S, _T.LIST_GET, None, b"\x01", b"\xc0", 0).items == [1, 2, 3]
+    assert cache.answer(S, _T.LIST_ADD, 4, b"\x01", b"\xc0", 0) is BUFFERED  # 1 + 4 > 4
     assert cache.size == 0
-    assert cache.answer(S, _T.LIST_GET, None, b"\x01", b"\xc0") is MISS
+    assert cache.answer(S, _T.LIST_GET, None, b"\x01", b"\xc0", 0) is MISS
 
 
 class _Seed(ast.KeyedProcessFunction):
@@ -163,7 +173,7 @@ def test_a_restore_empties_the_cache(kind, tmp_path):
         name, kind, handle = "count", StateKind.VALUE, None
 
     # The cache holds something else for key "k" before the restore replaces the state.
-    backend.state_cache.answer(Count, _T.VALUE_UPDATE, 99, canonical_key("k"), NONE_BYTES)
+    backend.state_cache.answer(Count, _T.VALUE_UPDATE, 99, canonical_key("k"), NONE_BYTES, 0)
     outputs = ast.run(_Read(), [("k", None)], key_selector=lambda r: r[0], backend=backend,
                       restore_from=ast.checkpoint_path(checkpoints, 1))
     assert outputs == [("k", 7)]
@@ -272,7 +282,7 @@ class _Driver:
         """Issue one request to both; a read the cache answers must match the heap's."""
         state = self.states[name]
         want = self.heap.execute_one(state, t, payload, key, NONE_BYTES)
-        got = self.cache.answer(state, t, payload, key, NONE_BYTES)
+        got = self.cache.answer(state, t, payload, key, NONE_BYTES, 0)
         if t not in _READ_TYPES:
             assert got is BUFFERED  # write-through
             return
@@ -287,7 +297,7 @@ class _Driver:
                 return self.heap.execute_one(state, _T.ITERATOR_LOADING, p, key, NONE_BYTES)
 
             def cache_load(p: Any) -> Any:
-                return self.cache.answer(state, _T.ITERATOR_LOADING, p, key, NONE_BYTES)
+                return self.cache.answer(state, _T.ITERATOR_LOADING, p, key, NONE_BYTES, 0)
             assert _all_items(got, cache_load, t) == _all_items(want, heap_load, t)
         else:
             assert got == want
@@ -390,3 +400,114 @@ async def test_buffered_writes_stay_within_max_in_flight():
         assert op.controller.buffered_writes == 0
         assert op.metrics["records_done"] == 600
     assert 0 < peak <= 30
+
+
+# -- write-back ------------------------------------------------------------------------------
+
+
+def _write_back_remote(cache_entries: int, latency_ms: float = 0, **options: Any) -> Any:
+    return ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=latency_ms,
+                                      cache_entries=cache_entries, cache_write_back=True,
+                                      **options)
+
+
+def _restored_counts(path: Any, keys: Any) -> list[Any]:
+    return sorted(ast.run(_Read(), [(k, None) for k in keys], key_selector=lambda r: r[0],
+                          restore_from=path))
+
+
+async def _restored_counts_async(path: Any, keys: Any) -> list[Any]:
+    async with ast.KeyedOperator(_Read(), key_selector=lambda r: r[0],
+                                 backend=ast.HeapBackend(), restore_from=path) as op:
+        for k in keys:
+            await op.process((k, None))
+        await op.drain()
+        return sorted(op.outputs())
+
+
+def test_write_back_hands_each_hot_key_on_once_at_the_end(tmp_path):
+    backend = _write_back_remote(10)
+    records = [i % 5 for i in range(500)]
+    outputs = ast.run(Counter(), records, key_selector=lambda r: r, backend=backend,
+                      checkpoint_dir=tmp_path, checkpoint_id=1)
+    assert max(n for k, n in outputs if k == 3) == 100
+    cache = backend.state_cache
+    assert (cache.misses, cache.hits) == (5, 495)
+    # No write reached the store while the run went on: one per key, at the final drain.
+    assert cache.write_backs == 5 and cache.dirty == 0
+    assert _restored_counts(ast.checkpoint_path(tmp_path, 1), range(5)) == \
+        [(k, 100) for k in range(5)]
+
+
+@pytest.mark.parametrize("latency_ms", [0, 0.3])
+def test_an_evicted_dirty_entry_is_read_back_from_the_store(latency_ms):
+    # A one-entry cache: each record of one key evicts the other key's dirty count, whose
+    # write must reach the store before that key's next read does.
+    backend = _write_back_remote(1, latency_ms)
+    outputs = ast.run(Counter(), ["a", "b"] * 50, key_selector=lambda r: r, backend=backend,
+                      config=ast.AsyncStateConfig(batch_size=3, max_in_flight=4))
+    assert [n for k, n in outputs if k == "a"] == list(range(1, 51))
+    assert [n for k, n in outputs if k == "b"] == list(range(1, 51))
+    cache = backend.state_cache
+    # Reads that went to the store after the other key evicted their entry (the first two
+    # found nothing there): each found the count the eviction handed on.
+    assert cache.misses > 10 and cache.write_backs >= cache.misses - 2
+
+
+def test_a_rocksdb_write_back_cache_is_handed_on_before_close(tmp_path):
+    # Reopening the directory after a clean close finds every write the cache held back.
+    backend = ast.RocksDBBackend(tmp_path / "db", cache_entries=100, cache_write_back=True)
+    ast.run(Counter(), [i % 7 for i in range(700)], key_selector=lambda r: r, backend=backend)
+    assert backend.state_cache.write_backs == 7
+    outputs = ast.run(_Read(), [(k, None) for k in range(7)], key_selector=lambda r: r[0],
+                      backend=ast.RocksDBBackend(tmp_path / "db"))
+    assert sorted(outputs) == [(k, 100) for k in range(7)]
+
+
+async def test_a_snapshot_holds_the_writes_held_back(tmp_path):
+    backend = _write_back_remote(100, latency_ms=0.2)
+    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r, backend=backend)
+    async with op:
+        for i in range(100):
+            await op.process(i % 5)
+        path = await op.snapshot(tmp_path, 1)
+        assert backend.state_cache.dirty == 0  # handed on, still cached
+        for i in range(50):
+            await op.process(i % 5)
+    assert await _restored_counts_async(path, range(5)) == [(k, 20) for k in range(5)]
+
+
+class _BlindSet(ast.KeyedProcessFunction):
+    """Writes each record's value without reading: every write completes in the cache."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    def process_element(self, value: Any, ctx: ast.RecordContext) -> Any:
+        return self.count.update(value[1])
+
+
+async def test_write_backs_of_evicted_entries_stay_within_max_in_flight(tmp_path):
+    # Blind writes to 600 keys through a 4-entry cache: each record evicts a dirty entry
+    # and finishes at once, faster than the slow store applies the evicted writes.
+    backend = _write_back_remote(4, latency_ms=1, io_parallelism=1)
+    op = ast.KeyedOperator(_BlindSet(), key_selector=lambda r: r[0], backend=backend,
+                           config=ast.AsyncStateConfig(batch_size=10, max_in_flight=30))
+    peak = 0
+    async with op:
+        for i in range(600):
+            await op.process((i, i * 10))
+            peak = max(peak, op.controller.buffered_writes)
+        path = await op.snapshot(tmp_path, 1)
+    assert 0 < peak <= 30
+    assert backend.state_cache.write_backs == 600
+    assert await _restored_counts_async(path, range(600)) == [(k, k * 10) for k in range(600)]
+
+
+@pytest.mark.parametrize("make", [
+    lambda v: ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0, cache_entries=1,
+                                         cache_write_back=v),
+    lambda v: ast.RocksDBBackend("unused", cache_entries=1, cache_write_back=v)])
+def test_cache_write_back_must_be_a_bool(make):
+    with pytest.raises(ast.ConfigError, match="cache_write_back"):
+        make("yes")
