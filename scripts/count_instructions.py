@@ -25,7 +25,7 @@ ARMS = ("heap-callback", "heap-async", "heap-ttl", "batched-callback", "batched-
         "rocksdb-async", "rocksdb-ttl")
 
 _CHILD = r"""
-import sys, tempfile
+import shutil, sys, tempfile
 import asyncstate as ast
 
 arm, n = sys.argv[1], int(sys.argv[2])
@@ -58,7 +58,11 @@ elif arm.startswith("batched"):
 else:
     backend = ast.RocksDBBackend(tempfile.mkdtemp(prefix="asyncstate-count-"))
 records = [i % 10_000 for i in range(n)]
-ast.run(fn, records, key_selector=lambda r: r, backend=backend)
+try:
+    ast.run(fn, records, key_selector=lambda r: r, backend=backend)
+finally:
+    if hasattr(backend, "path"):
+        shutil.rmtree(backend.path, ignore_errors=True)
 """
 
 

@@ -68,7 +68,7 @@ CASES = {
 }
 
 _PROBE = r"""
-import asyncio, json, sys, tempfile
+import asyncio, json, shutil, sys, tempfile
 import asyncstate as ast
 from asyncstate import _compiled
 
@@ -95,6 +95,8 @@ for name, statement in json.loads(sys.argv[1]).items():
         out["errors"][name] = None
     except Exception as exc:
         out["errors"][name] = [type(exc).__name__, str(exc).replace(path, "<path>")]
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 print(json.dumps(out))
 """
 
