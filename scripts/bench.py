@@ -1567,6 +1567,7 @@ SPARK_KEY_STRIDE = 7919  # record i has key (i * 7919) % keys: each key every `k
 SPARK_GOAL_VS_SPARK = 5.0  # asyncstate >= 5x the faster of Spark's operators
 SPARK_GOAL_EFFICIENCY = 0.7  # per-partition rate in Spark / ast.run rate in one process
 SPARK_PHASES = ("restore", "input_wait", "process", "drain", "commit", "output", "read")
+SPARK_BACKENDS = ("rocksdb", "rocksdb + cache", "heap")
 
 
 class SparkBenchCounter(ast.KeyedProcessFunction):
@@ -1640,6 +1641,32 @@ def spark_checkpoint_counts(path: str, n_keys: int) -> dict[Any, Any]:
         return runner.run(read())
 
 
+def _drain_partition(rows: Any) -> list[int]:
+    return [sum(1 for _ in rows)]
+
+
+def spark_partition_rows(session: Any, data_dir: str, routing: str) -> list[dict[str, Any]]:
+    """The rows partition 0 of the bridge receives, as dicts, in the order Spark hands
+    them to it (the Arrow route's shuffle, or the RDD route's)."""
+    from asyncstate.spark.routing import (
+        ROUTE_COLUMN,
+        Router,
+        route_dataframe_arrow,
+        route_rdd,
+    )
+
+    router = Router(_spark_row_key, ast.AsyncStateConfig().max_parallelism, SPARK_PARTITIONS)
+    df = session.read.parquet(data_dir)
+    if routing == "arrow":
+        rdd = route_dataframe_arrow(df, router, SPARK_PARTITIONS).drop(ROUTE_COLUMN).rdd \
+            .map(lambda row: row.asDict())
+    else:
+        rdd = route_rdd(df.rdd.map(lambda row: row.asDict()), router, SPARK_PARTITIONS) \
+            .map(lambda pair: pair[1])
+    rows: list[dict[str, Any]] = session.sparkContext.runJob(rdd, list, [0])
+    return rows
+
+
 def spark_session(local_dir: str) -> Any:
     import asyncstate.spark as aspark
 
@@ -1682,24 +1709,40 @@ def spark(bench: Bench) -> dict[str, Any]:
          .repartition(8).write.parquet(data_dir))
         schema = "key long, id long"
         arms: dict[str, Callable[[int], RunResult]] = {}
-        reports: dict[str, list[dict[str, Any]]] = {}
 
-        def bridge_arm(backend: str, routing: str) -> Callable[[int], RunResult]:
+        # The state cache holds every key of a partition.
+        cache_entries = max(1, n_keys // SPARK_PARTITIONS)
+
+        def bridge_backend(backend: str) -> Any:
+            if backend == "rocksdb + cache":
+                return functools.partial(ast.RocksDBBackend, cache_entries=cache_entries)
+            return backend
+
+        def bridge_arm(backend: str, routing: str, alone: bool = False
+                       ) -> Callable[[int], RunResult]:
             def run(run_no: int) -> RunResult:
-                name = f"{backend}, {routing} route"
                 report = aspark.RunReport(session.sparkContext)
+                checkpoint_id = run_no + (1000 if alone else 0)
                 started = time.perf_counter()
                 out = aspark.process_keyed(
                     session.read.parquet(data_dir), SparkBenchCounter,
                     key_selector=_spark_row_key, num_partitions=SPARK_PARTITIONS,
-                    backend=backend, checkpoint_dir=str(work / "checkpoints"),
-                    checkpoint_id=run_no, output_schema="key long, count long",
+                    backend=bridge_backend(backend), checkpoint_dir=str(work / "checkpoints"),
+                    checkpoint_id=checkpoint_id, output_schema="key long, count long",
                     routing=routing, report=report)
-                out.write.format("noop").mode("overwrite").save()
+                if alone:
+                    # One job per partition: the first also runs the routing stage (two
+                    # tasks at a time), the others reuse its shuffle output; each partition
+                    # runs while no other one does.
+                    rdd = out.rdd
+                    for index in range(SPARK_PARTITIONS):
+                        session.sparkContext.runJob(rdd, _drain_partition, [index])
+                else:
+                    out.write.format("noop").mode("overwrite").save()
                 seconds = time.perf_counter() - started
-                path = aspark.verify_checkpoint(str(work / "checkpoints"), run_no, report)
+                path = aspark.verify_checkpoint(str(work / "checkpoints"), checkpoint_id,
+                                                report)
                 ok, detail = check_counts(spark_checkpoint_counts(path, n_keys), expected)
-                reports[name] = report.partitions
                 shutil.rmtree(path, ignore_errors=True)
                 return RunResult(n_records, seconds, False, ok, detail,
                                  {"partitions": report.partitions})
@@ -1738,28 +1781,43 @@ def spark(bench: Bench) -> dict[str, Any]:
                 return RunResult(n_records, seconds, False, ok, detail)
             return run
 
-        def local_arm(backend: str) -> Callable[[int], RunResult]:
-            # One partition's share of the rows, as the partitions see them (dicts), through
-            # ast.run on the same backend in this process.
-            share = n_records // SPARK_PARTITIONS
-            rows = [{"key": (i * SPARK_KEY_STRIDE) % n_keys, "id": i} for i in range(share)]
+        # Rows as dicts, in this process. The first quarter of the ids in order: every key,
+        # each every n_keys rows. A partition's own rows in the order Spark hands them to
+        # it: a quarter of the keys, and a key's records closer together (they often meet
+        # the key's previous record still in flight, which then waits for it).
+        share = n_records // SPARK_PARTITIONS
+        id_rows = [{"key": (i * SPARK_KEY_STRIDE) % n_keys, "id": i} for i in range(share)]
+        routings = ["rdd", "arrow"] if arrow_available() else ["rdd"]
+        partition_rows = spark_partition_rows(session, data_dir, routings[-1])
 
+        def local_arm(backend: str, rows: list[dict[str, Any]]) -> Callable[[int], RunResult]:
             def run(run_no: int) -> RunResult:
-                directory = work / f"local-{backend}-{run_no}"
-                store: Any = ast.HeapBackend() if backend == "heap" else \
-                    ast.RocksDBBackend(directory)
+                directory = str(work / f"local-{run_no}")
+                store: Any
+                if backend == "heap":
+                    store = ast.HeapBackend()
+                elif backend == "rocksdb":
+                    store = ast.RocksDBBackend(directory)
+                else:
+                    store = bridge_backend(backend)(directory)
                 started = time.perf_counter()
+                cpu = time.process_time()
                 ast.run(SparkBenchCounter(), rows, key_selector=_spark_row_key, backend=store)
+                cpu = time.process_time() - cpu
                 seconds = time.perf_counter() - started
                 shutil.rmtree(directory, ignore_errors=True)
-                return RunResult(share, seconds, False, True, "rate reference (no check)")
+                return RunResult(len(rows), seconds, False, True, "rate reference (no check)",
+                                 {"cpu": cpu})
             return run
 
-        routings = ["rdd", "arrow"] if arrow_available() else ["rdd"]
-        for backend in ("rocksdb", "heap"):
-            for routing in routings:
+        for backend in SPARK_BACKENDS:
+            for routing in routings if backend != "rocksdb + cache" else routings[-1:]:
                 arms[f"{backend}, {routing} route"] = bridge_arm(backend, routing)
-            arms[f"ast.run, {backend}"] = local_arm(backend)
+            arms[f"{backend}, {routings[-1]} route, alone"] = bridge_arm(
+                backend, routings[-1], alone=True)
+            if backend != "rocksdb + cache":
+                arms[f"ast.run, {backend}"] = local_arm(backend, id_rows)
+            arms[f"ast.run, {backend}, partition rows"] = local_arm(backend, partition_rows)
         for kind in ("applyInPandasWithState", "transformWithStateInPandas"):
             arms[kind] = streaming_arm(kind)
 
@@ -1785,14 +1843,26 @@ def spark(bench: Bench) -> dict[str, Any]:
     return _spark_table(bench, runs, errors, n_records, n_keys, repeats)
 
 
-def _partition_rates(partitions: list[dict[str, Any]]) -> tuple[float, float]:
+def _partition_rates(partitions: list[dict[str, Any]]) -> tuple[float, float, float]:
     """Mean per-partition records/s: over the whole partition run, and over its processing
     alone (process + drain: without restore, commit, and the time the operator sat idle
-    waiting for Spark's input)."""
+    waiting for Spark's input); and the partitions' records per CPU second of their worker
+    processes."""
     whole = [p["records"] / p["seconds"] for p in partitions if p["seconds"] > 0]
     busy = [p["records"] / (p["process"] + p["drain"])
             for p in partitions if p["process"] + p["drain"] > 0]
-    return (sum(whole) / len(whole) if whole else 0.0, sum(busy) / len(busy) if busy else 0.0)
+    cpu = sum(p["cpu"] for p in partitions)
+    return (sum(whole) / len(whole) if whole else 0.0, sum(busy) / len(busy) if busy else 0.0,
+            sum(p["records"] for p in partitions) / cpu if cpu > 0 else 0.0)
+
+
+def _spark_efficiency(value: float | None, goal: bool = True) -> str:
+    if value is None:
+        return "-"
+    if not goal:
+        return f"{value:.2f}"
+    return f"{value:.2f} " + ("[green]pass[/]" if value >= SPARK_GOAL_EFFICIENCY else
+                              "[red]FAIL[/]")
 
 
 def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[str, str],
@@ -1804,7 +1874,8 @@ def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[st
     table = Table(title=f"spark: keyed counter, {n_records:,} rows / {n_keys:,} keys, "
                         f"{SPARK_PARTITIONS} partitions, local[2] (best of {repeats})")
     for column in ("arm", "rows/s end to end", "vs faster Spark op", "per partition rows/s "
-                   "(whole / processing)", "bridge efficiency", "result"):
+                   "(whole / processing)", "bridge efficiency", "same rows", "per CPU s",
+                   "result"):
         table.add_column(column, justify="left" if column in ("arm", "result") else "right")
     arms_json: dict[str, Any] = {}
     all_ok = not errors
@@ -1816,23 +1887,35 @@ def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[st
                                "error": errors.get(name),
                                "runs": [dataclasses.asdict(r) | {"rows_per_s": r.rate}
                                         for r in arm_runs]}
-        vs_spark = efficiency = None
+        vs_spark = efficiency = same = same_cpu = None
         partition_text = efficiency_text = "-"
+        alone = name.endswith(", alone")
         if best is not None and "route" in name:
-            vs_spark = best.rate / spark_rate if spark_rate else None
-            whole, busy = _partition_rates(best.metrics["partitions"])
-            local = best_of(runs.get(f"ast.run, {name.split(',')[0]}", []))
+            if not alone:
+                vs_spark = best.rate / spark_rate if spark_rate else None
+            whole, busy, per_cpu = _partition_rates(best.metrics["partitions"])
+            backend = name.split(",")[0]
+            local = best_of(runs.get(f"ast.run, {backend}", []))
             if local is not None and local.rate > 0:
                 efficiency = busy / local.rate
-                efficiency_text = (f"{efficiency:.2f} (whole {whole / local.rate:.2f}) "
-                                   + ("[green]pass[/]" if efficiency >= SPARK_GOAL_EFFICIENCY
-                                      else "[red]FAIL[/]"))
+                efficiency_text = (f"{_spark_efficiency(efficiency, not alone)} "
+                                   f"(whole {whole / local.rate:.2f})")
+            own = best_of(runs.get(f"ast.run, {backend}, partition rows", []))
+            if own is not None and own.rate > 0:
+                same = busy / own.rate
+                if own.metrics.get("cpu"):
+                    same_cpu = per_cpu / (own.records / own.metrics["cpu"])
             partition_text = f"{fmt_rate(whole)} / {fmt_rate(busy)}"
             phases = {phase: sum(p[phase] for p in best.metrics["partitions"])
-                      for phase in SPARK_PHASES}
+                      for phase in (*SPARK_PHASES, "cpu")}
             row |= {"per_partition_rows_per_s": whole, "per_partition_busy_rows_per_s": busy,
+                    "partition_rows_per_cpu_s": per_cpu,
                     "phase_seconds_summed_over_partitions": phases}
-        row |= {"ratio_to_faster_spark_operator": vs_spark, "bridge_efficiency": efficiency}
+        elif best is not None and best.metrics.get("cpu"):
+            row["rows_per_cpu_s"] = best.records / best.metrics["cpu"]
+            partition_text = f"{fmt_rate(row['rows_per_cpu_s'])} per CPU s"
+        row |= {"ratio_to_faster_spark_operator": vs_spark, "bridge_efficiency": efficiency,
+                "efficiency_same_rows": same, "efficiency_same_rows_per_cpu_s": same_cpu}
         if name in errors:
             result = "[red]ERROR (traceback below)[/]"
         elif wrong:
@@ -1843,30 +1926,38 @@ def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[st
         if vs_spark is not None:
             vs_text = f"{vs_spark:.1f}x " + ("[green]pass[/]" if vs_spark >= SPARK_GOAL_VS_SPARK
                                              else "[red]FAIL[/]")
-        table.add_row(name, fmt_rate(best.rate) if best else "-", vs_text, partition_text,
-                      efficiency_text, result)
+        table.add_row(name, fmt_rate(best.rate) if best and not alone else "-", vs_text,
+                      partition_text, efficiency_text, _spark_efficiency(same, False),
+                      _spark_efficiency(same_cpu, False), result)
         arms_json[name] = row
     bench.console.print(table)
-    bench.console.print(f"goals: >= {SPARK_GOAL_VS_SPARK:g}x the faster Spark operator end to "
-                        f"end; bridge efficiency (per-partition processing rate / ast.run "
-                        f"rate on the same backend) >= {SPARK_GOAL_EFFICIENCY:g}")
+    bench.console.print(
+        f"goals: >= {SPARK_GOAL_VS_SPARK:g}x the faster Spark operator end to end; bridge "
+        f"efficiency (per-partition processing rate / ast.run's rate on the same backend, "
+        f"over the first quarter of the ids) >= {SPARK_GOAL_EFFICIENCY:g}. same rows: the "
+        "per-partition processing rate / ast.run's over partition 0's own rows in Spark's "
+        "order; per CPU s: the partitions' rows per CPU second of their worker processes / "
+        "ast.run's on those rows. alone: a job per partition, so that no other partition "
+        "runs meanwhile (the per-partition figures only)")
     phase_table = Table(title="where the time goes (seconds, summed over partitions)")
     phase_table.add_column("arm")
-    for phase in SPARK_PHASES:
+    for phase in (*SPARK_PHASES, "cpu"):
         phase_table.add_column(phase, justify="right")
     for name, row in arms_json.items():
         phases = row.get("phase_seconds_summed_over_partitions")
         if phases:
-            phase_table.add_row(name, *(f"{phases[p]:.2f}" for p in SPARK_PHASES))
+            phase_table.add_row(name, *(f"{phases[p]:.2f}" for p in (*SPARK_PHASES, "cpu")))
     bench.console.print(phase_table)
     bench.console.print("restore: open and restore; input_wait: the operator idle, waiting for "
                         "Spark's input (shuffle read); process: the rest until the input ends; "
                         "drain; commit: the checkpoint part; output: Spark consuming outputs; "
-                        "read: the reader thread inside Spark's iterator (overlaps the others)")
+                        "read: the reader thread inside Spark's iterator (overlaps the others); "
+                        "cpu: the CPU time of the partitions' worker processes")
     print_errors(bench, errors)
     return {"scenario": "spark", "ok": all_ok,
             "params": {"records": n_records, "keys": n_keys, "repeats": repeats,
-                       "partitions": SPARK_PARTITIONS, "master": "local[2]"},
+                       "partitions": SPARK_PARTITIONS, "master": "local[2]",
+                       "cache_entries": max(1, n_keys // SPARK_PARTITIONS)},
             "environment": bench.environment(), "arms": arms_json}
 
 

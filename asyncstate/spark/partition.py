@@ -202,6 +202,9 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
     feeder: ChunkFeeder | None = None
     backend: StateExecutor | None = None
     started = time.perf_counter()
+    # One task at a time runs in a Python worker: the process's CPU time is the partition's
+    # (its loop, its reader thread, its backend's threads).
+    cpu_started = time.process_time()
     output_seconds = 0.0
     try:
         if spec.backend != "heap":
@@ -250,11 +253,12 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
         if directory is not None:
             remove_attempt_directory(directory)
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     report = {
         "partition": task.partition, "attempt": task.attempt, "stage": task.stage,
         "host": os.uname().nodename, "pid": os.getpid(), "cwd": os.getcwd(),
         "records": run.records,
-        "outputs": run.outputs, "part": part, "seconds": seconds,
+        "outputs": run.outputs, "part": part, "seconds": seconds, "cpu": cpu,
         "read": feeder.read_seconds if feeder is not None else 0.0,
         "output": output_seconds, **run.phases,
     }

@@ -43,7 +43,8 @@ class RunReport:
     `input_wait` (the operator idle, waiting for Spark's input), `process` (the rest until
     the input ends), `drain`, `commit` (the checkpoint part), `output` (Spark consuming the
     outputs), `read` (the reader thread's time inside Spark's iterator, which overlaps the
-    others) and `seconds` (the whole partition). A partition computed
+    others) and `seconds` (the whole partition); `cpu` is the CPU seconds the worker process
+    used meanwhile (all its threads: the loop, the reader, the backend's). A partition computed
     again (a retry, speculation, a recomputed RDD) reports again.
     """
 

@@ -16,12 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_functions import SPARK_TEST_TIMEOUT_S, LoggingProbe, UserBoom, key_of, records
+from spark_functions import (
+    SPARK_TEST_TIMEOUT_S,
+    KeyCounter,
+    LoggingProbe,
+    UserBoom,
+    key_of,
+    records,
+)
 
 import asyncstate as ast
 import asyncstate.spark as aspark
 from asyncstate.spark import failures, session, workdir
 from asyncstate.spark.feeder import ChunkFeeder
+from asyncstate.spark.partition import PartitionSpec, TaskInfo, run_partition
 from asyncstate.spark.routing import route_values
 
 # -- ChunkFeeder ---------------------------------------------------------------------------
@@ -89,6 +97,36 @@ async def test_stop_ends_a_reader_waiting_for_a_free_slot() -> None:
     feeder.start()
     assert await asyncio.to_thread(pulled.wait, 30)
     assert feeder.stop(30.0)
+
+
+# -- one partition outside Spark ------------------------------------------------------------
+
+class ListReport:
+    """Stands for a RunReport's accumulator."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, Any]] = []
+
+    def add(self, reports: list[dict[str, Any]]) -> None:
+        self.reports.extend(reports)
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_a_partition_reports_its_records_phases_and_cpu_time(backend: str,
+                                                             tmp_path: Path) -> None:
+    report = ListReport()
+    spec = PartitionSpec(function_factory=KeyCounter, key_selector=key_of, num_partitions=1,
+                         backend=backend, config=ast.AsyncStateConfig(), report=report,
+                         checkpoint_dir=str(tmp_path), checkpoint_id=1)
+    outputs = [value for chunk in run_partition(spec, records(3_000, 50), TaskInfo(0))
+               for value in chunk]
+    assert len(outputs) == 3_000
+    (entry,) = report.reports
+    assert entry["records"] == entry["outputs"] == 3_000
+    assert entry["part"] is not None
+    phases = ("restore", "input_wait", "process", "drain", "commit", "output", "read")
+    assert all(entry[name] >= 0 for name in phases)
+    assert entry["cpu"] > 0
 
 
 # -- attempt directories -------------------------------------------------------------------
