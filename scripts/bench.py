@@ -1567,7 +1567,8 @@ SPARK_KEY_STRIDE = 7919  # record i has key (i * 7919) % keys: each key every `k
 SPARK_GOAL_VS_SPARK = 5.0  # asyncstate >= 5x the faster of Spark's operators
 SPARK_GOAL_EFFICIENCY = 0.7  # per-partition rate in Spark / ast.run rate in one process
 SPARK_PHASES = ("restore", "input_wait", "process", "drain", "commit", "output", "read")
-SPARK_BACKENDS = ("rocksdb", "rocksdb + cache", "heap")
+SPARK_CACHED = "rocksdb + write-back cache"
+SPARK_BACKENDS = ("rocksdb", SPARK_CACHED, "heap")
 
 
 class SparkBenchCounter(ast.KeyedProcessFunction):
@@ -1714,8 +1715,9 @@ def spark(bench: Bench) -> dict[str, Any]:
         cache_entries = max(1, n_keys // SPARK_PARTITIONS)
 
         def bridge_backend(backend: str) -> Any:
-            if backend == "rocksdb + cache":
-                return functools.partial(ast.RocksDBBackend, cache_entries=cache_entries)
+            if backend == SPARK_CACHED:
+                return functools.partial(ast.RocksDBBackend, cache_entries=cache_entries,
+                                         cache_write_back=True)
             return backend
 
         def bridge_arm(backend: str, routing: str, alone: bool = False
@@ -1811,11 +1813,11 @@ def spark(bench: Bench) -> dict[str, Any]:
             return run
 
         for backend in SPARK_BACKENDS:
-            for routing in routings if backend != "rocksdb + cache" else routings[-1:]:
+            for routing in routings if backend != SPARK_CACHED else routings[-1:]:
                 arms[f"{backend}, {routing} route"] = bridge_arm(backend, routing)
             arms[f"{backend}, {routings[-1]} route, alone"] = bridge_arm(
                 backend, routings[-1], alone=True)
-            if backend != "rocksdb + cache":
+            if backend != SPARK_CACHED:
                 arms[f"ast.run, {backend}"] = local_arm(backend, id_rows)
             arms[f"ast.run, {backend}, partition rows"] = local_arm(backend, partition_rows)
         for kind in ("applyInPandasWithState", "transformWithStateInPandas"):
