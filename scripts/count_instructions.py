@@ -22,10 +22,10 @@ import tempfile
 from collections.abc import Sequence
 
 ARMS = ("heap-callback", "heap-async", "heap-ttl", "batched-callback", "batched-async",
-        "rocksdb-async", "rocksdb-ttl")
+        "rocksdb-async", "rocksdb-ttl", "ttl-rocksdb-off", "ttl-rocksdb-on")
 
 _CHILD = r"""
-import shutil, sys, tempfile
+import random, shutil, sys, tempfile
 import asyncstate as ast
 
 arm, n = sys.argv[1], int(sys.argv[2])
@@ -49,17 +49,34 @@ class AsyncCounter(ast.KeyedProcessFunction):
 # refreshed on read, incremental cleanup of 5 entries), processing time on the system clock.
 ttl = (ast.StateTtlConfig.new_builder(3_600_000)
        .set_update_type(ast.UpdateType.ON_READ_AND_WRITE)
-       .cleanup_incrementally(5, False).build()) if arm.endswith("ttl") else None
-fn = CallbackCounter() if arm.endswith("callback") else AsyncCounter(ttl)
+       .cleanup_incrementally(5, False).build()) if arm.endswith(("ttl", "on")) else None
+config = None
+records = [i % 10_000 for i in range(n)]
+if arm.startswith("ttl-"):
+    # ttl-rocksdb-off/-on: the RocksDB arms of `bench.py ttl` (callback counter, batch 1000,
+    # max_in_flight 2000, 4 MiB write buffer, keys in a shuffled round-robin) over 20,000 keys.
+    class TtlCounter(CallbackCounter):
+        def open(self, ctx):
+            self.count = ctx.get_state(ast.ValueStateDescriptor("count", ttl=ttl))
+    fn = TtlCounter()
+    backend = ast.RocksDBBackend(tempfile.mkdtemp(prefix="asyncstate-count-"),
+                                 options=ast.RocksDBOptions(write_buffer_bytes=4 * 2**20))
+    config = ast.AsyncStateConfig(batch_size=1000, max_in_flight=2000)
+    order = list(range(20_000))
+    random.Random(1).shuffle(order)
+    records = [order[i % 20_000] for i in range(n)]
+elif arm.endswith("callback"):
+    fn = CallbackCounter()
+else:
+    fn = AsyncCounter(ttl)
 if arm.startswith("heap"):
     backend = ast.HeapBackend()
 elif arm.startswith("batched"):
     backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
-else:
+elif arm.startswith("rocksdb"):
     backend = ast.RocksDBBackend(tempfile.mkdtemp(prefix="asyncstate-count-"))
-records = [i % 10_000 for i in range(n)]
 try:
-    ast.run(fn, records, key_selector=lambda r: r, backend=backend)
+    ast.run(fn, records, key_selector=lambda r: r, backend=backend, config=config)
 finally:
     if hasattr(backend, "path"):
         shutil.rmtree(backend.path, ignore_errors=True)

@@ -716,7 +716,7 @@ class RocksDBBackend:
         write_options = self._write_options
         if points is not None or self._ttl.deferred:
             # What they change goes before the batch's writes, which come after them.
-            effects = self._ttl.effects()
+            effects = self._ttl.effects(len(self._lane))
             if points is not None:
                 apply_points(points, results, effects)
             self._ttl.settle(job, effects)

@@ -93,8 +93,8 @@ _CATEGORY: Final = [_CATEGORY_OF.get(t, _CAT_NONE) for t in StateRequestType]
 class _StateHandle:
     """What `register_state` returns: a state's column family. `close()` drops the
     references, because a live column family keeps RocksDB's LOCK. `refreshes`: the
-    refreshes of TTL reads not written yet, key to the bytes it holds now (None: none;
-    `asyncstate.backends.rocksdb_ttl`)."""
+    refreshes of TTL reads not written yet, key to the point read whose refresh it is
+    (None: none; `asyncstate.backends.rocksdb_ttl`)."""
 
     __slots__ = ("name", "kind", "cf", "cf_handle", "refreshes")
 
@@ -104,7 +104,7 @@ class _StateHandle:
         self.kind = kind
         self.cf: rocksdict.Rdict | None = cf  # reads: multi-get, iteration
         self.cf_handle: rocksdict.ColumnFamily | None = cf_handle  # WriteBatch target
-        self.refreshes: dict[bytes, bytes] | None = None
+        self.refreshes: dict[bytes, _TtlPoint] | None = None
 
     def __repr__(self) -> str:
         status = "open" if self.cf is not None else "closed"
@@ -144,7 +144,8 @@ class _MapOverlay:
 
 class _TtlPoint:
     """A point read of a TTL state answered from the multi-get: the request's index, its
-    TtlRead, the key read (with its column family) and, once read, the stored bytes."""
+    TtlRead, the key read (with its column family) and, once read, the stored bytes (once
+    its refresh is deferred, the bytes the read found)."""
 
     __slots__ = ("contains", "handle", "index", "key", "raw", "read")
 
@@ -403,10 +404,10 @@ def _plan_ttl_point(job: _Job, i: int, cat: int, handle: _StateHandle, touched: 
     read to run as a step of its own."""
     key = prefix if cat == _CAT_GET else prefix + read.arg
     # A TTL read may rewrite its key: later batches wait (the -1 is no WriteBatch segment).
-    if prefix not in touched.written:
-        touched.written[prefix] = -1
+    touched.written.setdefault(prefix, -1)
     iterated = touched.ttl_iterated
-    if (touched.values and prefix in touched.values) or prefix in touched.maps \
+    if (touched.values and prefix in touched.values) \
+            or (touched.maps and prefix in touched.maps) \
             or (iterated is not None and prefix in iterated):
         return _Cursor(job.batch[i].request_type, handle, key, None, key, read)
     points = job.ttl_points

@@ -11,12 +11,15 @@ an expired entry it found) goes into a WriteBatch written at the read's place in
 - iterations, `is_empty` and late point reads (`load`): at their own step.
 
 A refresh found by a point read is not written at once but kept as a *deferred refresh* on
-the state's handle for a few jobs (`_GENERATIONS`): a record that reads and then writes a key
-(a counter) writes it again in a later batch, and that write makes the refresh pointless.
-Every read of a TTL state in phase 3 looks at the deferred refreshes first (`_current`), a
-job's own writes drop the refreshes they overwrite (`RocksTtl.settle`), and the rest are
-written when they grow old, before the job's own writes; everything else that reads the
-column family (snapshots, layout changes, closing) writes them all first (`flush`).
+the state's handle: a record that reads and then writes a key (a counter) writes it again in
+a later batch, and that write makes the refresh pointless. The read's `_TtlPoint` is the
+deferred refresh (its bytes are made only if it is written). It waits for the jobs that were
+in the lane when its read was delivered, then `_GENERATIONS` more: the record's write comes
+in a batch triggered after that delivery. Every read of a TTL state in phase 3 looks at the
+deferred refreshes first (`_current`), a job's own writes drop the refreshes they overwrite
+(`RocksTtl.settle`), and the rest are written when they grow old, before the job's own
+writes; everything else that reads the column family (snapshots, layout changes, closing)
+writes them all first (`flush`).
 
 Incremental cleanup runs as a job of the backend's own in the lane (`RocksTtl.run_steps`),
 so it is ordered with the batches around it; its cursor is a remembered key, and every scan
@@ -63,10 +66,10 @@ _ALL_UPPER: Final = b"\xff\xff\xff"
 # Entries scanned per slice by `is_empty` and layout changes.
 _SLICE: Final = 1000
 _MIGRATE_SLICE: Final = 10_000
-# Jobs a deferred refresh waits for a write that overwrites it: the job that read it is
-# still under way in the lane with the next one or two (one per I/O slot), and the record's
-# write comes in a batch triggered after its read was delivered.
-_GENERATIONS: Final = 4
+# Jobs a deferred refresh waits for a write that overwrites it, after those that were in the
+# lane when its read was delivered: the record's write comes in the next batch triggered, or
+# in the one after it when the requests buffered by then fill more than one batch.
+_GENERATIONS: Final = 2
 
 
 def _timestamp(raw: bytes, name: str) -> int:
@@ -76,45 +79,58 @@ def _timestamp(raw: bytes, name: str) -> int:
         raise BackendError(f"a stored value of TTL state {name!r} is damaged: {exc}") from None
 
 
+def _refreshed(point: _TtlPoint) -> bytes:
+    """The bytes a deferred refresh writes: what its read found, stamped with its access
+    time."""
+    raw = point.raw
+    assert raw is not None
+    return encode(point.read.access, raw[_HEADER_SIZE:])
+
+
 def _current(handle: _StateHandle, key: bytes, raw: bytes | None) -> bytes | None:
     """What `key` holds: its deferred refresh, if it has one, else `raw` (what is stored)."""
     refreshes = handle.refreshes
     if refreshes is not None:
         refreshed = refreshes.get(key)
         if refreshed is not None:
-            return refreshed
+            return _refreshed(refreshed)
     return raw
 
 
 def _forget(handle: _StateHandle, key: bytes) -> None:
     """Drop the deferred refresh of `key`, if any (it is overwritten or removed)."""
     refreshes = handle.refreshes
-    if refreshes is not None:
-        refreshes.pop(key, None)
+    # `in` and `del`: native dict operations in the compiled build (`pop` is a method call).
+    if refreshes is not None and key in refreshes:
+        del refreshes[key]
 
 
 class _Effects:
     """What reads of TTL states change: one WriteBatch (made on first use), the bytes each
-    changed key holds afterwards (None: removed), and, with `young` (the backend's list of
-    this job's deferred refreshes), refreshes kept back instead of written."""
+    changed key holds afterwards (None: removed; a deferred refresh is found through the
+    state's handle instead), and, with `young` (the backend's list of this job's deferred
+    refreshes), point reads whose refreshes are kept back instead of written."""
 
     __slots__ = ("latest", "wb", "young")
 
-    def __init__(self, young: list[tuple[_StateHandle, bytes, bytes]] | None = None) -> None:
+    def __init__(self, young: list[_TtlPoint] | None = None) -> None:
         self.wb: rocksdict.WriteBatch | None = None
         self.latest: dict[bytes, bytes | None] = {}
         self.young = young
 
+    def defer(self, point: _TtlPoint) -> None:
+        """Keep back the refresh of `point`'s read (`point.raw` is what it found)."""
+        handle = point.handle
+        refreshes = handle.refreshes
+        if refreshes is None:
+            refreshes = handle.refreshes = {}
+        refreshes[point.key] = point
+        young = self.young
+        assert young is not None
+        young.append(point)
+
     def put(self, key: bytes, value: bytes, handle: _StateHandle) -> None:
         self.latest[key] = value
-        young = self.young
-        if young is not None:
-            refreshes = handle.refreshes
-            if refreshes is None:
-                refreshes = handle.refreshes = {}
-            refreshes[key] = value
-            young.append((handle, key, value))
-            return
         _forget(handle, key)  # this write is newer than a deferred refresh of the key
         if self.wb is None:
             self.wb = rocksdict.WriteBatch(raw_mode=True)
@@ -129,9 +145,10 @@ class _Effects:
 
 
 def _point(read: TtlRead, raw: bytes | None, key: bytes, handle: _StateHandle,
-           effects: _Effects | None) -> int:
+           effects: _Effects | None, deferred: _TtlPoint | None = None) -> int:
     """What `read` finds in the bytes `raw` of `key` (_ABSENT when there are none), noting
-    its refresh or removal in `effects` (None: look only)."""
+    its refresh or removal in `effects` (None: look only). With `deferred` (the read's
+    point), a refresh is kept back instead of written."""
     if raw is None:
         return _ABSENT
     ts = _timestamp(raw, handle.name)
@@ -141,7 +158,11 @@ def _point(read: TtlRead, raw: bytes | None, key: bytes, handle: _StateHandle,
     policy = read.policy
     if found == _FRESH:
         if policy.update_on_read and read.access != ts:
-            effects.put(key, encode(read.access, raw[_HEADER_SIZE:]), handle)
+            if deferred is not None:
+                deferred.raw = raw
+                effects.defer(deferred)
+            else:
+                effects.put(key, encode(read.access, raw[_HEADER_SIZE:]), handle)
     elif policy.cleanup_on_read:
         effects.delete(key, handle)
     return found
@@ -156,12 +177,13 @@ def _answer(found: int, raw: bytes | None, contains: bool) -> Any:
 
 def apply_points(points: list[_TtlPoint], results: list[Any], effects: _Effects) -> None:
     """Answer the TTL point reads of a job from their multi-get bytes, in issue order, noting
-    what they change in `effects` (written before the job's own writes)."""
+    what they change in `effects` (written before the job's own writes, refreshes kept
+    back)."""
     latest = effects.latest
     for p in points:
         key = p.key
-        raw = latest[key] if key in latest else _current(p.handle, key, p.raw)
-        found = _point(p.read, raw, key, p.handle, effects)
+        raw = latest[key] if latest and key in latest else _current(p.handle, key, p.raw)
+        found = _point(p.read, raw, key, p.handle, effects, p)
         results[p.index] = _answer(found, raw, p.contains)
 
 
@@ -255,14 +277,17 @@ class RocksTtl:
     """Which states of a RocksDB backend are timestamped (and in which time domain), their
     trackers, incremental cleanup cursors and the steps waiting for their job in the lane."""
 
-    __slots__ = ("ages", "cursors", "layouts", "pending", "trackers")
+    __slots__ = ("ages", "applied", "cursors", "deadlines", "layouts", "pending", "trackers")
 
     def __init__(self) -> None:
         self.layouts: dict[str, str] = {}
         self.trackers: dict[str, TtlTracker] = {}
         self.cursors: dict[str, _StepCursor] = {}
-        # The deferred refreshes each of the last jobs made, youngest first.
-        self.ages: list[list[tuple[_StateHandle, bytes, bytes]]] = []
+        # The deferred refreshes each of the last jobs made, oldest first, and after which
+        # of the jobs counted in `applied` each list is written.
+        self.ages: list[list[_TtlPoint]] = []
+        self.deadlines: list[int] = []
+        self.applied = 0  # jobs whose point reads had their effects (see `effects`)
         # name -> [budget, now] of the steps the queued cleanup job will run (empty: no job
         # queued). Steps coalesce: budgets add up, and the earliest "now" is kept.
         self.pending: dict[str, list[int]] = {}
@@ -315,10 +340,14 @@ class RocksTtl:
         """True while some refresh is deferred."""
         return bool(self.ages)
 
-    def effects(self) -> _Effects:
-        """The effects of a job's point reads, refreshes deferred."""
-        young: list[tuple[_StateHandle, bytes, bytes]] = []
-        self.ages.insert(0, young)
+    def effects(self, waiting: int) -> _Effects:
+        """The effects of a job's point reads, refreshes deferred; `waiting` jobs were
+        triggered before it and are not applied yet (its results are delivered after them
+        in the lane: a write they lead to comes later)."""
+        self.applied += 1
+        young: list[_TtlPoint] = []
+        self.ages.append(young)
+        self.deadlines.append(self.applied + waiting + _GENERATIONS)
         return _Effects(young)
 
     def settle(self, job: _Job, effects: _Effects) -> None:
@@ -341,33 +370,30 @@ class RocksTtl:
                     if segment >= 0:
                         _flush_prefix(handle, prefix, effects)
         ages = self.ages
-        while len(ages) > _GENERATIONS or (ages and not ages[-1]):
-            for handle, key, value in ages.pop():
-                refreshes = handle.refreshes
-                # Written unless overwritten, removed or refreshed again since.
-                if refreshes is not None and refreshes.get(key) is value:
-                    del refreshes[key]
-                    _write(effects, key, value, handle)
+        deadlines = self.deadlines
+        while ages and (deadlines[0] < self.applied or not ages[0]):
+            deadlines.pop(0)
+            for p in ages.pop(0):
+                _write_deferred(effects, p)
 
     def flush(self) -> rocksdict.WriteBatch | None:
         """Every deferred refresh, as a WriteBatch (None: there are none); they are no longer
         deferred."""
         effects = _Effects()
-        for age in reversed(self.ages):
-            for handle, key, value in age:
-                refreshes = handle.refreshes
-                if refreshes is not None and refreshes.get(key) is value:
-                    del refreshes[key]
-                    _write(effects, key, value, handle)
+        for age in self.ages:
+            for p in age:
+                _write_deferred(effects, p)
         self.ages = []
+        self.deadlines = []
         return effects.wb
 
     def drop(self) -> None:
         """Forget every deferred refresh (their states are dropped)."""
         for age in self.ages:
-            for handle, _key, _value in age:
-                handle.refreshes = None
+            for p in age:
+                p.handle.refreshes = None
         self.ages = []
+        self.deadlines = []
 
     def filter_snapshot(self, name: str, items: list[tuple[bytes, bytes]]
                         ) -> list[tuple[bytes, bytes]]:
@@ -387,13 +413,22 @@ def _write(effects: _Effects, key: bytes, value: bytes, handle: _StateHandle) ->
     effects.wb.put(key, value, handle.cf_handle)
 
 
+def _write_deferred(effects: _Effects, point: _TtlPoint) -> None:
+    """Put the deferred refresh of `point` into `effects`, unless the key was overwritten,
+    removed or refreshed again since; it is no longer deferred."""
+    refreshes = point.handle.refreshes
+    if refreshes is not None and refreshes.get(point.key) is point:
+        del refreshes[point.key]
+        _write(effects, point.key, _refreshed(point), point.handle)
+
+
 def _flush_prefix(handle: _StateHandle, prefix: bytes, effects: _Effects) -> None:
     """Put the deferred refreshes of keys under `prefix` into `effects` (the job then
     rewrites that range, after them)."""
     refreshes = handle.refreshes
     if refreshes:
         for key in [k for k in refreshes if k.startswith(prefix)]:
-            _write(effects, key, refreshes.pop(key), handle)
+            _write(effects, key, _refreshed(refreshes.pop(key)), handle)
 
 
 def _step(handle: _StateHandle, tracker: TtlTracker, cursor: _StepCursor, budget: int,

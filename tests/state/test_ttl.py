@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from shared_functions import Sum
-from ttl_harness import NOTHING, At, Steps, play, run, stored_entries, ttl
+from ttl_harness import NOTHING, At, Steps, advance, play, run, stored_entries, ttl
 from ttl_harness import operator as make_operator
 
 import asyncstate as ast
@@ -581,6 +581,40 @@ async def test_refreshes_kept_back_on_rocksdb_are_written_or_overwritten_in_orde
     out, _ = await run(fn, ast.RocksDBBackend(directory),
                        [At(280, read, key="kept"), At(290, read, key="removed")], start=280)
     assert out == [("x", 1), (None, None)]
+
+
+class _Counter(ast.KeyedProcessFunction):
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count", ttl=ttl(100,
+                                                                             update=ON_READ)))
+
+    def process_element(self, value: Any, ctx: ast.RecordContext) -> Any:
+        return self.count.value().then_compose(
+            lambda c: self.count.update((c or 0) + 1).then_apply(
+                lambda _: ctx.emit((value, (c or 0) + 1))))
+
+
+@pytest.mark.parametrize("batches_in_flight", [1, 2, 6])
+async def test_rocksdb_writes_no_refresh_that_the_records_own_write_overwrites(
+        tmp_path, batches_in_flight):
+    # A counter's read refreshes its key (ON_READ_AND_WRITE) and the record's write of the
+    # key comes in a batch triggered after the read was delivered, behind every batch under
+    # way by then: the refresh is overwritten, never written, so RocksDB stores one version
+    # of the key per record however many batches were under way.
+    keys, rounds = 60, 3
+    backend = ast.RocksDBBackend(tmp_path / "db", inline_read_keys=0)
+    config = ast.AsyncStateConfig(batch_size=10, max_in_flight=10 * batches_in_flight)
+    async with ast.KeyedOperator(_Counter(), key_selector=lambda r: r, backend=backend,
+                                 clock=ast.ManualClock(0), config=config) as op:
+        for r in range(rounds):
+            await advance(op, 10 * r, event_time=False)  # each round refreshes the last
+            for key in range(keys):
+                await op.process(key)
+            await op.drain()
+        assert sorted(op.outputs()) == sorted((k, r + 1) for k in range(keys)
+                                              for r in range(rounds))
+        cf = backend._handles["count"].cf
+        assert cf.property_int_value("rocksdb.num-entries-active-mem-table") == keys * rounds
 
 
 @pytest.mark.parametrize("ts", [0, 1, 2**40, 2**62 - 1, 2**62, 2**63 - 1, -1, -(2**63)])
