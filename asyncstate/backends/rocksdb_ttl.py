@@ -21,6 +21,14 @@ deferred refreshes first (`_current`), a job's own writes drop the refreshes the
 writes; everything else that reads the column family (snapshots, layout changes, closing)
 writes them all first (`flush`).
 
+A refresh that grows old is written by whichever job is applied then, a job that need not
+touch its key, so the jobs behind it in the lane do not wait for it: their multi-gets may
+have read the key already, without the refresh. It therefore stays on the handle, *shown*
+(still found by `_current`, no longer written again), until every job that was in the lane
+when it was written has been applied (`RocksTtl.shown`). Without that, a read whose multi-get
+ran before the write would find the timestamp from before the refresh, and could find a live
+entry expired (and remove it, with cleanup on read).
+
 Incremental cleanup runs as a job of the backend's own in the lane (`RocksTtl.run_steps`),
 so it is ordered with the batches around it; its cursor is a remembered key, and every scan
 is a bounded one (`asyncstate.backends.rocksdb_scan`): no iterator outlives a step.
@@ -277,7 +285,8 @@ class RocksTtl:
     """Which states of a RocksDB backend are timestamped (and in which time domain), their
     trackers, incremental cleanup cursors and the steps waiting for their job in the lane."""
 
-    __slots__ = ("ages", "applied", "cursors", "deadlines", "layouts", "pending", "trackers")
+    __slots__ = ("ages", "applied", "cursors", "deadlines", "layouts", "pending", "shown",
+                 "shown_until", "trackers", "waiting")
 
     def __init__(self) -> None:
         self.layouts: dict[str, str] = {}
@@ -288,6 +297,12 @@ class RocksTtl:
         self.ages: list[list[_TtlPoint]] = []
         self.deadlines: list[int] = []
         self.applied = 0  # jobs whose point reads had their effects (see `effects`)
+        # The jobs behind the one being applied (see `effects`).
+        self.waiting = 0
+        # Refreshes written out as they grew old but still shown on their handles, oldest
+        # first, and the value of `applied` from which each list may go (see `settle`).
+        self.shown: list[list[_TtlPoint]] = []
+        self.shown_until: list[int] = []
         # name -> [budget, now] of the steps the queued cleanup job will run (empty: no job
         # queued). Steps coalesce: budgets add up, and the earliest "now" is kept.
         self.pending: dict[str, list[int]] = {}
@@ -337,14 +352,16 @@ class RocksTtl:
 
     @property
     def deferred(self) -> bool:
-        """True while some refresh is deferred."""
-        return bool(self.ages)
+        """True while some refresh is deferred, or shown after it was written (every job
+        counts in `applied` then)."""
+        return bool(self.ages) or bool(self.shown)
 
     def effects(self, waiting: int) -> _Effects:
         """The effects of a job's point reads, refreshes deferred; `waiting` jobs were
         triggered before it and are not applied yet (its results are delivered after them
         in the lane: a write they lead to comes later)."""
         self.applied += 1
+        self.waiting = waiting
         young: list[_TtlPoint] = []
         self.ages.append(young)
         self.deadlines.append(self.applied + waiting + _GENERATIONS)
@@ -369,31 +386,62 @@ class RocksTtl:
                 for prefix, segment in touched.written.items():
                     if segment >= 0:
                         _flush_prefix(handle, prefix, effects)
+        applied = self.applied
+        shown = self.shown
+        if shown:
+            # The jobs that were in the lane when these were written have all been applied
+            # (this one too: its reads are answered). The multi-gets of those behind them
+            # started after the write, so they read the refreshes from the database.
+            until = self.shown_until
+            while shown and until[0] <= applied:
+                until.pop(0)
+                for p in shown.pop(0):
+                    _unshow(p)
         ages = self.ages
         deadlines = self.deadlines
-        while ages and (deadlines[0] < self.applied or not ages[0]):
-            deadlines.pop(0)
-            for p in ages.pop(0):
-                _write_deferred(effects, p)
+        if ages and (deadlines[0] < applied or not ages[0]):
+            written: list[_TtlPoint] = []
+            while ages and (deadlines[0] < applied or not ages[0]):
+                deadlines.pop(0)
+                for p in ages.pop(0):
+                    if _write_shown(effects, p):
+                        written.append(p)
+            if written:
+                # The refreshes are written by this job, which need not touch their keys, so
+                # the jobs behind it did not wait for it: a multi-get of theirs may have read
+                # a key before its refresh was written (it started once the job that read
+                # the key was applied). Each such job is in the lane now, and is counted in
+                # `applied` when it is applied (`deferred` stays True meanwhile): until then
+                # the refreshes stay shown on their handles, where `_current` finds them.
+                shown.append(written)
+                self.shown_until.append(applied + self.waiting)
 
     def flush(self) -> rocksdict.WriteBatch | None:
         """Every deferred refresh, as a WriteBatch (None: there are none); they are no longer
-        deferred."""
+        deferred, nor shown (callers flush while no job is under way, that a multi-get of
+        could have read a key before its refresh is written)."""
         effects = _Effects()
         for age in self.ages:
             for p in age:
                 _write_deferred(effects, p)
+        for written in self.shown:
+            for p in written:
+                _unshow(p)
         self.ages = []
         self.deadlines = []
+        self.shown = []
+        self.shown_until = []
         return effects.wb
 
     def drop(self) -> None:
         """Forget every deferred refresh (their states are dropped)."""
-        for age in self.ages:
+        for age in self.ages + self.shown:
             for p in age:
                 p.handle.refreshes = None
         self.ages = []
         self.deadlines = []
+        self.shown = []
+        self.shown_until = []
 
     def filter_snapshot(self, name: str, items: list[tuple[bytes, bytes]]
                         ) -> list[tuple[bytes, bytes]]:
@@ -420,6 +468,25 @@ def _write_deferred(effects: _Effects, point: _TtlPoint) -> None:
     if refreshes is not None and refreshes.get(point.key) is point:
         del refreshes[point.key]
         _write(effects, point.key, _refreshed(point), point.handle)
+
+
+def _write_shown(effects: _Effects, point: _TtlPoint) -> bool:
+    """Put the deferred refresh of `point` into `effects`, unless the key was overwritten,
+    removed or refreshed again since, and leave it shown on its handle; True if it was
+    written."""
+    refreshes = point.handle.refreshes
+    if refreshes is not None and refreshes.get(point.key) is point:
+        _write(effects, point.key, _refreshed(point), point.handle)
+        return True
+    return False
+
+
+def _unshow(point: _TtlPoint) -> None:
+    """Take the written refresh of `point` off its handle, unless the key was overwritten,
+    removed or refreshed again since (the database holds it)."""
+    refreshes = point.handle.refreshes
+    if refreshes is not None and refreshes.get(point.key) is point:
+        del refreshes[point.key]
 
 
 def _flush_prefix(handle: _StateHandle, prefix: bytes, effects: _Effects) -> None:
