@@ -2244,7 +2244,8 @@ def latency(bench: Bench) -> dict[str, Any]:
             "environment": bench.environment(), "rows": rows_json}
 
 
-@scenario("skew", "Zipf 0.99 over 1 M keys at 1.5 ms, cache 0 / 1 / 10 % of keys vs uniform")
+@scenario("skew", "Zipf 0.99 over 1 M keys at 1.5 ms, cache 0 / 1 / 10 % of keys (written "
+                  "through and back) vs uniform")
 def skew(bench: Bench) -> dict[str, Any]:
     args = bench.args
     seconds = args.max_seconds or (1.0 if bench.quick else 3.0)
@@ -2265,6 +2266,10 @@ def skew(bench: Bench) -> dict[str, Any]:
         arm = ARMS["asyncstate+cache" if entries else "asyncstate"]
         jobs[f"zipf, cache {share:.0%}"] = functools.partial(
             run_point, arm, point, zipf, p_max, seconds=seconds, seed=args.seed)
+        if entries:
+            jobs[f"zipf, write-back cache {share:.0%}"] = functools.partial(
+                run_point, arm, dataclasses.replace(point, cache_write_back=True), zipf,
+                p_max, seconds=seconds, seed=args.seed)
     bench.console.print(f"[bold]skew[/]: keyed counter over {n_keys:,} keys, Zipf {theta} "
                         f"(hottest key {p_max:.1%} of records) vs uniform, latency 1.5 ms, "
                         f"best of {repeats}, {seconds:g} s per run")

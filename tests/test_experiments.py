@@ -124,3 +124,20 @@ def test_the_bound_counts_the_round_trips_a_record_needs():
     assert result.bound == pytest.approx(6 / (2 * result.measured_store_latency_ms / 1000))
     sync = run(ARMS["sync baseline"], point, stream, 1 / 100, seconds=0.2)
     assert sync.bound == pytest.approx(1 / (2 * sync.measured_store_latency_ms / 1000))
+
+
+def test_cache_write_back_reaches_the_cache_arms_backend_and_the_results(tmp_path):
+    from asyncstate.cli import build_parser
+    from asyncstate.commands.experiment import _grid
+    args = build_parser().parse_args(["experiment", "backpressure", "--cache-write-back"])
+    point = _grid(args).base()
+    assert point.cache_write_back is True
+    assert ARMS["asyncstate+cache"].backend(point, tmp_path, 1).state_cache.write_back
+    assert ARMS["asyncstate"].backend(point, tmp_path, 1).state_cache is None
+    stream = keys.key_stream("zipf", 500, 5_000, seed=1)
+    small = Point(latency_ms=0.2, max_in_flight=100, keys=500, distribution="zipf",
+                  cache_write_back=True)
+    result = run(ARMS["asyncstate+cache"], small, stream,
+                 keys.hottest_share("zipf", 500, 0.99), seconds=0.3)
+    assert result.answer_ok is True and result.littles_law_ok
+    assert result.row()["cache_write_back"] is True

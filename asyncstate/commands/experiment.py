@@ -91,6 +91,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add("--cache-entries", type=_list_of(int, 0), default=None,
         help="cache size of the +cache arms; 0: 1%% of keys, at least 10,000 "
              "(default 0,1000,100000)")
+    add("--cache-write-back", action="store_true",
+        help="the +cache arms' cache writes back: value writes stay in it until evicted or "
+             "drained (default: write-through)")
     add("--rate", type=_list_of(float, 1), default=None,
         help="offered records/s of open-loop runs (default 20000,5000,50000,100000,200000)")
     add("--open-buffer-timeout-ms", type=int, default=None,
@@ -107,7 +110,8 @@ def _grid(args: argparse.Namespace) -> Any:
     changes: dict[str, Any] = {"workload": args.workload, "zipf_theta": args.zipf_theta,
                                "rocksdb": not args.no_rocksdb,
                                "sample_every": max(1, args.sample_every), "seed": args.seed,
-                               "latency_p99_ms": args.latency_p99_ms}
+                               "latency_p99_ms": args.latency_p99_ms,
+                               "cache_write_back": args.cache_write_back}
     for name in ("latency_ms", "batch_size", "buffer_timeout_ms", "max_in_flight",
                  "io_parallelism", "keys", "distribution", "cache_entries", "rate",
                  "seconds", "open_buffer_timeout_ms"):

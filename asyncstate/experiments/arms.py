@@ -50,8 +50,9 @@ def rocksdb_available() -> bool:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Point:
     """One configuration: the workload, the input and every knob of the store and the
-    controller. `cache_entries` 0 means `default_cache_entries(keys)`; `rate` is the offered
-    rate of an open loop (records/s), None for a closed loop."""
+    controller. `cache_entries` 0 means `default_cache_entries(keys)`; `cache_write_back`
+    makes the cache of the +cache arms write back; `rate` is the offered rate of an open loop
+    (records/s), None for a closed loop."""
 
     workload: str = "counter"
     rate: float | None = None
@@ -65,6 +66,7 @@ class Point:
     distribution: str = "uniform"
     zipf_theta: float = 0.99
     cache_entries: int = 0
+    cache_write_back: bool = False
 
     @property
     def mode(self) -> str:
@@ -99,7 +101,8 @@ class Arm:
         return ast.SimulatedRemoteBackend(
             inner, latency_ms=point.latency_ms, latency_p99_ms=point.latency_p99_ms,
             io_parallelism=point.io_parallelism,
-            cache_entries=point.cache_size if self.cache else 0, seed=seed)
+            cache_entries=point.cache_size if self.cache else 0,
+            cache_write_back=point.cache_write_back and self.cache, seed=seed)
 
 
 ARMS: dict[str, Arm] = {arm.name: arm for arm in (

@@ -117,6 +117,7 @@ class RunResult:
             "max_in_flight": p.max_in_flight, "io_parallelism": p.io_parallelism,
             "keys": p.keys, "distribution": p.distribution, "zipf_theta": p.zipf_theta,
             "cache_entries": p.cache_size if "cache" in self.arm else 0,
+            "cache_write_back": p.cache_write_back and "cache" in self.arm,
             "records": self.records, "seconds": self.seconds, "throughput": self.throughput,
             "latency_p50_ms": lat["p50"], "latency_p99_ms_measured": lat["p99"],
             "latency_p99_9_ms": lat["p99_9"], "latency_mean_ms": lat["mean"],

@@ -20,14 +20,13 @@ __all__ = ["COLUMNS", "environment", "rows", "table", "write_csv", "write_json"]
 
 COLUMNS = ("sweep", "value", "arm", "workload", "mode", "offered_rate", "latency_ms",
            "latency_p99_ms", "measured_store_latency_ms", "batch_size", "buffer_timeout_ms",
-           "max_in_flight", "io_parallelism", "keys", "distribution", "zipf_theta",
-           "cache_entries", "records", "seconds", "throughput", "latency_p50_ms",
+           "max_in_flight", "io_parallelism", "keys", "distribution", "zipf_theta", "cache_entries",
+           "cache_write_back", "records", "seconds", "throughput", "latency_p50_ms",
            "latency_p99_ms_measured", "latency_p99_9_ms", "latency_mean_ms", "latency_max_ms",
-           "latency_samples", "in_flight_peak", "mean_in_flight", "blocked_seconds",
-           "batches", "mean_batch_size", "p99_batch_size", "cache_hit_rate", "k", "bound",
-           "ratio_to_bound", "hot_key_bound", "littles_law_error", "littles_law_ok",
-           "sustainable", "backlog_end", "backlog_max", "rss_start_mb", "rss_peak_mb",
-           "answer_ok", "error")
+           "latency_samples", "in_flight_peak", "mean_in_flight", "blocked_seconds", "batches",
+           "mean_batch_size", "p99_batch_size", "cache_hit_rate", "k", "bound", "ratio_to_bound",
+           "hot_key_bound", "littles_law_error", "littles_law_ok", "sustainable", "backlog_end",
+           "backlog_max", "rss_start_mb", "rss_peak_mb", "answer_ok", "error")
 
 
 def rows(runs: Sequence[Run]) -> list[dict[str, Any]]:

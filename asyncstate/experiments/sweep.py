@@ -48,6 +48,7 @@ class Grid:
     distribution: tuple[str, ...] = ("uniform", "zipf")
     zipf_theta: float = 0.99
     cache_entries: tuple[int, ...] = (0, 1_000, 100_000)
+    cache_write_back: bool = False
     rate: tuple[float, ...] = (20_000.0, 5_000.0, 50_000.0, 100_000.0, 200_000.0)
     open_buffer_timeout_ms: int = 5
     seconds: float = 3.0
@@ -62,7 +63,8 @@ class Grid:
                      max_in_flight=self.max_in_flight[0],
                      io_parallelism=self.io_parallelism[0], keys=self.keys[0],
                      distribution=self.distribution[0], zipf_theta=self.zipf_theta,
-                     cache_entries=self.cache_entries[0])
+                     cache_entries=self.cache_entries[0],
+                     cache_write_back=self.cache_write_back)
 
 
 STANDARD = Grid()
