@@ -6,9 +6,14 @@ and twice that many records) and prints the difference per record, which leaves 
 and import costs out. Use it to compare two builds (two checkouts, or before and after a
 change) on a machine that is too noisy for `scripts/bench.py`; confirm with bench.py on a
 quiet one. It counts instructions, not cache misses or waits: a change that only moves work
-off the loop thread, or that changes memory access patterns, shows here as no change.
+off the loop thread, or that changes memory access patterns, shows here as no change
+(`--cache-sim` adds valgrind's simulated L1 cache misses per record, instruction and data).
 
-    python scripts/count_instructions.py [--records N] [--arms heap-callback,heap-async,...]
+    python scripts/count_instructions.py [--records N] [--keys N] [--keep DIR] [--cache-sim]
+        [--arms heap-callback,heap-async,...]
+
+With `--keys` K of the ttl- arms, `--records` K or more leaves the first visit of each
+key (a read that finds nothing) in both runs: the difference is K..2K later visits.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ _CHILD = r"""
 import random, shutil, sys, tempfile
 import asyncstate as ast
 
-arm, n = sys.argv[1], int(sys.argv[2])
+arm, n, n_keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
 class CallbackCounter(ast.KeyedProcessFunction):
     def open(self, ctx):
@@ -54,7 +59,8 @@ config = None
 records = [i % 10_000 for i in range(n)]
 if arm.startswith("ttl-"):
     # ttl-rocksdb-off/-on: the RocksDB arms of `bench.py ttl` (callback counter, batch 1000,
-    # max_in_flight 2000, 4 MiB write buffer, keys in a shuffled round-robin) over 20,000 keys.
+    # max_in_flight 2000, 4 MiB write buffer, keys in a shuffled round-robin, seed 1) over
+    # `--keys` keys (the bench: 100,000).
     class TtlCounter(CallbackCounter):
         def open(self, ctx):
             self.count = ctx.get_state(ast.ValueStateDescriptor("count", ttl=ttl))
@@ -62,9 +68,9 @@ if arm.startswith("ttl-"):
     backend = ast.RocksDBBackend(tempfile.mkdtemp(prefix="asyncstate-count-"),
                                  options=ast.RocksDBOptions(write_buffer_bytes=4 * 2**20))
     config = ast.AsyncStateConfig(batch_size=1000, max_in_flight=2000)
-    order = list(range(20_000))
+    order = list(range(n_keys))
     random.Random(1).shuffle(order)
-    records = [order[i % 20_000] for i in range(n)]
+    records = [order[i % n_keys] for i in range(n)]
 elif arm.endswith("callback"):
     fn = CallbackCounter()
 else:
@@ -83,21 +89,26 @@ finally:
 """
 
 
-def count(python: str, arm: str, records: int) -> int:
-    """Instructions of one run of `arm` over `records` records."""
+def count(python: str, arm: str, records: int, keys: int, keep: str | None = None,
+          cache_sim: bool = False) -> dict[str, int]:
+    """Events of one run of `arm` over `records` records (`keys` keys for the ttl- arms):
+    instructions ("Ir"), with `cache_sim` also the simulated cache misses (I1mr, D1mr,
+    D1mw, ...); with `keep`, its callgrind file is kept in that directory."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "callgrind.out")
+        out = os.path.join(keep or tmp, f"callgrind.out.{arm}.{records}")
         env = dict(os.environ, PYTHONHASHSEED="0")
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                        python, "-c", _CHILD, arm, str(records)],
+                        *(["--cache-sim=yes"] if cache_sim else []),
+                        python, "-c", _CHILD, arm, str(records), str(keys)],
                        check=True, env=env, capture_output=True)
         with open(out, encoding="utf-8") as f:
             text = f.read()
-    match = re.search(r"^summary:\s+(\d+)", text, re.MULTILINE) or \
-        re.search(r"^totals:\s+(\d+)", text, re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"no instruction total in the callgrind output of {arm}")
-    return int(match.group(1))
+    events = re.search(r"^events:\s+(.+)$", text, re.MULTILINE)
+    match = re.search(r"^summary:\s+([\d ]+)$", text, re.MULTILINE) or \
+        re.search(r"^totals:\s+([\d ]+)$", text, re.MULTILINE)
+    if events is None or match is None:
+        raise RuntimeError(f"no event totals in the callgrind output of {arm}")
+    return dict(zip(events.group(1).split(), map(int, match.group(1).split()), strict=False))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="records of the smaller run (the larger has twice as many)")
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"comma-separated arms (default: all of {', '.join(ARMS)})")
+    parser.add_argument("--keys", type=int, default=20_000,
+                        help="keys of the ttl-rocksdb arms (bench.py ttl: 100,000); the other "
+                             "arms have 10,000")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="keep each run's callgrind file in DIR (for callgrind_annotate)")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="also simulate the caches: instruction (I1mr) and data (D1mr, "
+                             "D1mw) cache misses per record (slower)")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter whose asyncstate is measured (default: this one)")
     args = parser.parse_args(argv)
@@ -114,10 +133,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown arms: {', '.join(unknown)} (choose from {', '.join(ARMS)})")
     n = args.records
-    print(f"{'arm':<18} {'instructions/record':>20}")
+    shown = ("Ir", "I1mr", "D1mr", "D1mw") if args.cache_sim else ("Ir",)
+    print(f"{'arm':<18} {'instructions/record':>20}"
+          + "".join(f" {e + '/record':>14}" for e in shown[1:]))
     for arm in arms:
-        per_record = (count(args.python, arm, 2 * n) - count(args.python, arm, n)) / n
-        print(f"{arm:<18} {per_record:>20,.0f}", flush=True)
+        small = count(args.python, arm, n, args.keys, args.keep, args.cache_sim)
+        large = count(args.python, arm, 2 * n, args.keys, args.keep, args.cache_sim)
+        per_record = [(large[e] - small[e]) / n for e in shown]
+        print(f"{arm:<18} {per_record[0]:>20,.0f}"
+              + "".join(f" {v:>14,.1f}" for v in per_record[1:]), flush=True)
     return 0
 
 
