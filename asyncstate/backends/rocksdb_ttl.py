@@ -464,10 +464,8 @@ def _write(effects: _Effects, key: bytes, value: bytes, handle: _StateHandle) ->
 def _write_deferred(effects: _Effects, point: _TtlPoint) -> None:
     """Put the deferred refresh of `point` into `effects`, unless the key was overwritten,
     removed or refreshed again since; it is no longer deferred."""
-    refreshes = point.handle.refreshes
-    if refreshes is not None and refreshes.get(point.key) is point:
-        del refreshes[point.key]
-        _write(effects, point.key, _refreshed(point), point.handle)
+    if _write_shown(effects, point):
+        _unshow(point)
 
 
 def _write_shown(effects: _Effects, point: _TtlPoint) -> bool:

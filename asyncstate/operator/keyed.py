@@ -283,8 +283,7 @@ class KeyedOperator:
         controller = self._ready_to_wait("drain()")
         gate = self._gate
         assert gate is not None
-        await controller.wait_until(lambda: gate.in_flight == 0 and controller.flush_cache()
-                                    and controller.buffered_writes == 0)
+        await controller.wait_until(lambda: gate.in_flight == 0 and controller.writes_applied())
 
     async def advance_watermark(self, timestamp: object) -> None:
         """Advance event time; returns after every earlier record has finished and every

@@ -409,16 +409,16 @@ class AsyncExecutionController:
                 request.future = StateFuture(ctx)
             self._enqueue_active(request)
 
-    def flush_cache(self) -> bool:
-        """Send every write a write-back cache holds back (they complete like buffered
-        writes); True when it held none."""
+    def writes_applied(self) -> bool:
+        """True once the store has applied every buffered write and a write-back cache
+        holds none back; else sends what the cache holds back (they complete like buffered
+        writes) and returns False."""
         cache = self._cache
-        if cache is None or not cache.dirty:
-            return True
-        for request in cache.take_writes():
-            self._buffered_writes += 1
-            self._enqueue_active(request)
-        return False
+        if cache is not None and cache.dirty:
+            for request in cache.take_writes():
+                self._buffered_writes += 1
+                self._enqueue_active(request)
+        return self._buffered_writes == 0
 
     def _enqueue_active(self, request: StateRequest) -> None:
         """Queue a request of a key-holding record; send a batch when it is full."""
