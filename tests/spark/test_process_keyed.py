@@ -10,7 +10,6 @@ from spark_functions import SPARK_TEST_TIMEOUT_S, KeyCounter, key_of, model_coun
 
 import asyncstate as ast
 import asyncstate.spark as aspark
-from asyncstate.spark.routing import arrow_available
 
 # A JVM on a busy 2-core machine can take minutes where it usually takes seconds.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
@@ -47,26 +46,17 @@ def test_counter_over_an_rdd_matches_the_model(sc: Any, backend: str) -> None:
     check_counter_outputs(out.collect(), data, PARTITIONS)
 
 
-def test_counter_over_a_dataframe_returns_a_dataframe(spark: Any) -> None:
+@pytest.mark.parametrize("routing", ["rdd", "arrow"])
+def test_counter_over_a_dataframe_returns_a_dataframe(spark: Any, routing: str) -> None:
     data = records(N_RECORDS, N_KEYS)
     # Built in the JVM (the same records as `data`): nothing to ship from the driver.
     df = spark.range(N_RECORDS).selectExpr(f"(id * 7919) % {N_KEYS} AS key", "id")
     out = aspark.process_keyed(df, KeyCounter, key_selector=key_of, num_partitions=PARTITIONS,
-                               backend="heap",
+                               backend="heap", routing=routing,
                                output_schema="key long, n long, id long, partition int")
     assert out.columns == ["key", "n", "id", "partition"]
     rows = out.collect()
     check_counter_outputs([tuple(r) for r in rows], data, PARTITIONS)
-
-
-@pytest.mark.skipif(not arrow_available(), reason="the Arrow route needs pyarrow and pandas")
-def test_the_arrow_route_places_rows_exactly(spark: Any) -> None:
-    data = records(20_000, 500)
-    df = spark.createDataFrame(data, "key long, id long")
-    out = aspark.process_keyed(df, KeyCounter, key_selector=key_of, num_partitions=3,
-                               backend="heap", routing="arrow",
-                               output_schema="key long, n long, id long, partition int")
-    check_counter_outputs([tuple(r) for r in out.collect()], data, 3)
 
 
 def test_partition_runner_keeps_each_keys_delivery_order(sc: Any) -> None:
