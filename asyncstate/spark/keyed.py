@@ -116,14 +116,16 @@ def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: 
           checkpoint_dir: Any, checkpoint_id: int | None, restore_from: Any, backend: Any,
           config: AsyncStateConfig | None, report: RunReport | None,
           log_level: str | None, timestamp_selector: Any = None,
-          final_watermark: Any = None) -> PartitionSpec:
+          initial_watermark: Any = None, final_watermark: Any = None) -> PartitionSpec:
     """Validate the arguments on the driver; prepare the driver (workers' interpreter, the
     failure hook); the PartitionSpec the partitions receive."""
     factory = _check_factory(function_factory)
     check_selector("key_selector", key_selector)
     check_selector("timestamp_selector", timestamp_selector, optional=True)
-    if final_watermark is not None:
-        check_timestamp("final_watermark", final_watermark)
+    for name, watermark in (("initial_watermark", initial_watermark),
+                            ("final_watermark", final_watermark)):
+        if watermark is not None:
+            check_timestamp(name, watermark)
     if config is None:
         config = AsyncStateConfig()
     elif not isinstance(config, AsyncStateConfig):
@@ -155,7 +157,8 @@ def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: 
         checkpoint_dir=_abspath(checkpoint_dir), checkpoint_id=checkpoint_id,
         restore_from=restore, log_level=log_level or driver_log_level(),
         report=report.accumulator if report is not None else None,
-        timestamp_selector=timestamp_selector, final_watermark=final_watermark)
+        timestamp_selector=timestamp_selector, initial_watermark=initial_watermark,
+        final_watermark=final_watermark)
 
 
 def _batch_id(sc: Any) -> int | None:
@@ -189,6 +192,7 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
                   output_schema: Any = None, report: RunReport | None = None,
                   log_level: str | None = None, routing: str = "auto",
                   timestamp_selector: Callable[[Any], int | None] | None = None,
+                  initial_watermark: int | None = None,
                   final_watermark: int | None = None) -> Any:
     """Run a KeyedProcessFunction over `data` (an RDD, or a DataFrame whose rows reach the
     function as dicts) in `num_partitions` partitions; the emitted values as an RDD, or as a
@@ -201,9 +205,11 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
     under Spark's local directories), "heap", or a function of that directory returning a
     backend. `report`: a RunReport collecting per-partition figures. `routing`: "auto" (Arrow
     for a DataFrame with `output_schema` when pyarrow is installed), "rdd" or "arrow".
-    `timestamp_selector` gives records their event time; `final_watermark`, when given, is
-    advanced to in each partition after its input ended (its event-time timers fire; later
-    ones stay pending in the checkpoint).
+    `timestamp_selector` gives records their event time; `initial_watermark`, when given, is
+    advanced to in each partition after restoring, before its first record (the restored
+    event-time timers due by then fire first); `final_watermark`, when given, is advanced to
+    in each partition after its input ended (its event-time timers fire; later ones stay
+    pending in the checkpoint).
     """
     from pyspark.rdd import RDD
     from pyspark.sql import DataFrame, SparkSession
@@ -221,7 +227,8 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
                  num_partitions=num_partitions, checkpoint_dir=checkpoint_dir,
                  checkpoint_id=checkpoint_id, restore_from=restore_from, backend=backend,
                  config=config, report=report, log_level=log_level,
-                 timestamp_selector=timestamp_selector, final_watermark=final_watermark)
+                 timestamp_selector=timestamp_selector, initial_watermark=initial_watermark,
+                 final_watermark=final_watermark)
     schema: Any = None
     if output_schema is not None:
         schema = StructType.fromDDL(output_schema) if isinstance(output_schema, str) \
@@ -263,6 +270,7 @@ def partition_runner(function_factory: Callable[[], KeyedProcessFunction], *,
                      report: RunReport | None = None, log_level: str | None = None,
                      spark_context: Any = None,
                      timestamp_selector: Callable[[Any], int | None] | None = None,
+                     initial_watermark: int | None = None,
                      final_watermark: int | None = None
                      ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """A function for `rdd.mapPartitions` (or `foreachPartition`) that runs the function over
@@ -279,5 +287,6 @@ def partition_runner(function_factory: Callable[[], KeyedProcessFunction], *,
                  num_partitions=num_partitions, checkpoint_dir=checkpoint_dir,
                  checkpoint_id=checkpoint_id, restore_from=restore_from, backend=backend,
                  config=config, report=report, log_level=log_level,
-                 timestamp_selector=timestamp_selector, final_watermark=final_watermark)
+                 timestamp_selector=timestamp_selector, initial_watermark=initial_watermark,
+                 final_watermark=final_watermark)
     return _RunRecords(spec)

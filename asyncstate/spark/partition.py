@@ -11,6 +11,8 @@
 3. Spark's thread runs the loop until a chunk of outputs is ready (or the input is done),
    then yields it with the loop stopped: outputs are buffered up to about one chunk per
    pending chunk of input, never a whole partition.
+   When an initial watermark is given, the operator advances to it after restoring, before
+   the first record (event-time timers due by then fire first).
 4. At the end of input: drain, advance the watermark when a final one is given (its
    event-time timers fire), write this partition's checkpoint part (the commit point, after
    every output was produced), report.
@@ -62,6 +64,7 @@ class PartitionSpec:
     checkpoint_id: int | None = None
     restore_from: str | None = None
     timestamp_selector: Callable[[Any], int | None] | None = None
+    initial_watermark: int | None = None  # advanced to after restoring, before any record
     final_watermark: int | None = None  # advanced to after the input ends (timers fire)
     log_level: str = "warning"
     report: Any = None  # a RunReport's accumulator, or None
@@ -109,6 +112,24 @@ def _make_backend(spec: BackendSpec, directory: str | None) -> StateExecutor:
     return spec(directory)
 
 
+class _LatestTimestamp:
+    """The timestamp selector, noting the largest event time it gave (reported to the
+    driver: `foreach_batch` derives the next micro-batch's watermark from it)."""
+
+    __slots__ = ("selector", "value")
+
+    def __init__(self, selector: Callable[[Any], int | None]) -> None:
+        self.selector = selector
+        self.value: int | None = None
+
+    def __call__(self, record: Any) -> int | None:
+        ts = self.selector(record)
+        # Anything but an int is left to the operator, which names what is wrong with it.
+        if type(ts) is int and (self.value is None or ts > self.value):
+            self.value = ts
+        return ts
+
+
 class _Run:
     """The state of one partition's run shared by Spark's thread and the loop."""
 
@@ -142,6 +163,9 @@ class _Run:
         try:
             async with op:
                 self.phases["restore"] = clock() - started
+                if spec.initial_watermark is not None:
+                    await op.advance_watermark(spec.initial_watermark)
+                    self.publish(op.outputs())
                 process = op.process
                 while True:
                     # Waiting with nothing in flight is waiting for Spark's input; waiting
@@ -206,12 +230,14 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
     # (its loop, its reader thread, its backend's threads).
     cpu_started = time.process_time()
     output_seconds = 0.0
+    latest = None if spec.timestamp_selector is None else _LatestTimestamp(
+        spec.timestamp_selector)
     try:
         if spec.backend != "heap":
             directory = make_attempt_directory(task.stage, task.partition, task.attempt)
         backend = _make_backend(spec.backend, directory)
         op = KeyedOperator(spec.function_factory(), key_selector=spec.key_selector,
-                           timestamp_selector=spec.timestamp_selector,
+                           timestamp_selector=latest,
                            backend=backend, config=spec.config,
                            parallelism=spec.num_partitions, operator_index=task.partition,
                            restore_from=spec.restore_from)
@@ -261,6 +287,7 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
         "outputs": run.outputs, "part": part, "seconds": seconds, "cpu": cpu,
         "read": feeder.read_seconds if feeder is not None else 0.0,
         "output": output_seconds, **run.phases,
+        "max_timestamp": latest.value if latest is not None else None,
     }
     log.info("spark.partition.done", **report)
     if spec.report is not None:

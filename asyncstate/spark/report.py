@@ -44,8 +44,9 @@ class RunReport:
     the input ends), `drain`, `commit` (the checkpoint part), `output` (Spark consuming the
     outputs), `read` (the reader thread's time inside Spark's iterator, which overlaps the
     others) and `seconds` (the whole partition); `cpu` is the CPU seconds the worker process
-    used meanwhile (all its threads: the loop, the reader, the backend's). A partition computed
-    again (a retry, speculation, a recomputed RDD) reports again.
+    used meanwhile (all its threads: the loop, the reader, the backend's); `max_timestamp` is
+    the largest event time among its records (None without a timestamp selector or records).
+    A partition computed again (a retry, speculation, a recomputed RDD) reports again.
     """
 
     def __init__(self, sc: Any) -> None:

@@ -7,10 +7,17 @@ checkpoint N is complete. A micro-batch that fails, or whose query stops before 
 it, is run again by Spark with the same id and the same input: it restores from the same
 checkpoint and writes checkpoint N again (each part replaced atomically), so every record
 counts once in the state, however often a batch or a task runs.
+
+Event time, as Structured Streaming's own watermark: with a timestamp selector the driver
+records, beside checkpoint N, the largest event time of every batch up to N; with a watermark
+delay, batch N starts each partition at watermark (that largest time up to batch N-1) -
+delay, so event-time timers and TTL move with the stream. A replayed batch restores the same
+record and starts at the same watermark.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,8 +26,10 @@ from typing import Any
 
 from asyncstate.checkpoint.format import checkpoint_path
 from asyncstate.config import AsyncStateConfig, check_int
+from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.function import KeyedProcessFunction
 from asyncstate.log import get_logger
+from asyncstate.operator.arguments import check_selector
 from asyncstate.spark.keyed import process_keyed
 from asyncstate.spark.partition import BackendSpec
 from asyncstate.spark.report import RunReport, verify_checkpoint
@@ -31,6 +40,8 @@ log = get_logger("asyncstate.spark")
 
 _CHK_RE = re.compile(r"chk-(0|[1-9][0-9]*)")
 _MIN_RETAIN = 2  # the checkpoint just written and the one a replay of it restores from
+_EVENT_TIME_FILE = "_EVENT_TIME.json"  # beside a checkpoint's parts: the largest event time
+_MIN_TS = -2**63
 
 
 def _checkpoint_ids(checkpoint_dir: str) -> list[int]:
@@ -47,6 +58,35 @@ def previous_checkpoint(checkpoint_dir: str | os.PathLike[str], batch_id: int) -
     directory = os.path.abspath(os.fspath(checkpoint_dir))
     earlier = [i for i in _checkpoint_ids(directory) if i < batch_id]
     return checkpoint_path(directory, earlier[-1]) if earlier else None
+
+
+def _read_event_time(checkpoint: str | None) -> int | None:
+    """The largest event time of the batches up to `checkpoint` (None: none recorded)."""
+    if checkpoint is None:
+        return None
+    path = os.path.join(checkpoint, _EVENT_TIME_FILE)
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read())["max_timestamp"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"the event-time record {path!r} cannot be read: {exc!r}",
+                              path=path) from exc
+    if value is not None and type(value) is not int:
+        raise CheckpointError(f"the event-time record {path!r} holds {value!r}, not an int",
+                              path=path)
+    return value
+
+
+def _write_event_time(checkpoint: str, max_timestamp: int | None) -> None:
+    path = os.path.join(checkpoint, _EVENT_TIME_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"max_timestamp": max_timestamp}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _consume(out: Any) -> None:
@@ -72,8 +112,18 @@ class KeyedBatchWriter:
                  checkpoint_dir: str | os.PathLike[str],
                  sink: Callable[[Any, int], None] | None, backend: BackendSpec,
                  config: AsyncStateConfig | None, output_schema: Any, retain: int,
-                 log_level: str | None) -> None:
+                 log_level: str | None,
+                 timestamp_selector: Callable[[Any], int | None] | None = None,
+                 watermark_delay_ms: int | None = None) -> None:
         check_int("retain", retain, _MIN_RETAIN)
+        check_selector("key_selector", key_selector)
+        check_selector("timestamp_selector", timestamp_selector, optional=True)
+        if watermark_delay_ms is not None:
+            check_int("watermark_delay_ms", watermark_delay_ms, 0)
+            if timestamp_selector is None:
+                raise ConfigError("watermark_delay_ms", watermark_delay_ms,
+                                  "None without a timestamp_selector (the watermark follows "
+                                  "the records' event times)")
         if sink is not None and not callable(sink):
             raise TypeError(f"sink must be a function of (outputs, batch_id), got "
                             f"{type(sink).__name__}")
@@ -87,6 +137,8 @@ class KeyedBatchWriter:
         self.output_schema = output_schema
         self.retain = retain
         self.log_level = log_level
+        self.timestamp_selector = timestamp_selector
+        self.watermark_delay_ms = watermark_delay_ms
         # One report for every batch: an accumulator stays registered as long as its
         # SparkContext, so one per batch would pile up over a long-running query.
         self._report: RunReport | None = None
@@ -97,20 +149,33 @@ class KeyedBatchWriter:
         if report is None:
             report = self._report = RunReport(batch.sparkSession.sparkContext)
         report.clear()
+        event_time = watermark = None
+        if self.timestamp_selector is not None:
+            event_time = _read_event_time(restore)
+            if self.watermark_delay_ms is not None and event_time is not None:
+                watermark = max(_MIN_TS, event_time - self.watermark_delay_ms)
         out = process_keyed(
             batch, self.function_factory, key_selector=self.key_selector,
             num_partitions=self.num_partitions, checkpoint_dir=self.checkpoint_dir,
             checkpoint_id=batch_id, restore_from=restore, backend=self.backend,
             config=self.config, output_schema=self.output_schema, report=report,
-            log_level=self.log_level)
+            log_level=self.log_level, timestamp_selector=self.timestamp_selector,
+            initial_watermark=watermark)
         if self.sink is not None:
             self.sink(out, batch_id)
         else:
             _consume(out)
-        verify_checkpoint(self.checkpoint_dir, batch_id, report)
+        path = verify_checkpoint(self.checkpoint_dir, batch_id, report)
+        if self.timestamp_selector is not None:
+            for part in report.committed(path).values():
+                latest = part.get("max_timestamp")
+                if latest is not None and (event_time is None or latest > event_time):
+                    event_time = latest
+            _write_event_time(path, event_time)
         self._expire(batch_id)
         log.info("spark.batch.done", batch_id=batch_id, restored_from=restore,
-                 partitions=len(report.partitions))
+                 partitions=len(report.partitions), watermark=watermark,
+                 max_timestamp=event_time)
 
     def _expire(self, batch_id: int) -> None:
         """Delete checkpoints older than the `retain` latest up to `batch_id` (never a later
@@ -126,7 +191,9 @@ def foreach_batch(function_factory: Callable[[], KeyedProcessFunction], *,
                   sink: Callable[[Any, int], None] | None = None,
                   backend: BackendSpec = "rocksdb", config: AsyncStateConfig | None = None,
                   output_schema: Any = None, retain: int = _MIN_RETAIN,
-                  log_level: str | None = None) -> KeyedBatchWriter:
+                  log_level: str | None = None,
+                  timestamp_selector: Callable[[Any], int | None] | None = None,
+                  watermark_delay_ms: int | None = None) -> KeyedBatchWriter:
     """A `writeStream.foreachBatch` function running `process_keyed` on each micro-batch with
     the batch id as checkpoint id and the previous checkpoint as `restore_from`.
 
@@ -135,8 +202,15 @@ def foreach_batch(function_factory: Callable[[], KeyedProcessFunction], *,
     id, since Spark runs a failed batch again); without a sink the outputs are evaluated and
     dropped. Afterwards the driver checks the checkpoint is complete, and deletes all but the
     `retain` latest checkpoints.
+
+    `timestamp_selector` gives records their event time. With `watermark_delay_ms`, each
+    partition of batch N starts at the watermark (largest event time of batches 0..N-1) -
+    `watermark_delay_ms`, as Structured Streaming's `withWatermark` computes it: the event-time
+    timers due by then fire first, and event-time TTL expires by it. Without it the watermark
+    stays at its minimum (no event-time timer fires, nothing expires by event time).
     """
     return KeyedBatchWriter(
         function_factory, key_selector=key_selector, num_partitions=num_partitions,
         checkpoint_dir=checkpoint_dir, sink=sink, backend=backend, config=config,
-        output_schema=output_schema, retain=retain, log_level=log_level)
+        output_schema=output_schema, retain=retain, log_level=log_level,
+        timestamp_selector=timestamp_selector, watermark_delay_ms=watermark_delay_ms)

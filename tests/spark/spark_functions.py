@@ -211,7 +211,7 @@ class SessionTimers(ast.KeyedProcessFunction):
 
 
 def timestamp_of(record: Any) -> Any:
-    return record[1]
+    return record["ts"] if isinstance(record, dict) else record[1]
 
 
 class ExpiringCount(ast.KeyedProcessFunction):

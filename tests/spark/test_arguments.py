@@ -62,3 +62,32 @@ def test_restore_from_another_max_parallelism_is_refused_on_the_driver(
 def test_data_must_be_an_rdd_or_a_dataframe() -> None:
     with pytest.raises(TypeError, match=r"^data must be a pyspark RDD or DataFrame, got list"):
         aspark.process_keyed([1, 2], KeyCounter, key_selector=key_of, num_partitions=1)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"initial_watermark": 1.5}, {"initial_watermark": 2**63}, {"final_watermark": "1"}])
+def test_watermarks_must_be_int_timestamps(rdd: Any, overrides: dict[str, Any]) -> None:
+    (name, value), = overrides.items()
+    with pytest.raises(ast.ConfigError, match=rf"^{name} must be an int of milliseconds in "
+                                              rf"\[-2\*\*63, 2\*\*63\), got {value!r}"):
+        keyed(rdd, **overrides)
+
+
+@pytest.mark.parametrize(("overrides", "error", "pattern"), [
+    ({"watermark_delay_ms": 10}, ast.ConfigError,
+     r"^watermark_delay_ms must be None without a timestamp_selector"),
+    ({"watermark_delay_ms": -1, "timestamp_selector": key_of}, ast.ConfigError,
+     r"^watermark_delay_ms must be"),
+    ({"watermark_delay_ms": True, "timestamp_selector": key_of}, ast.ConfigError,
+     r"^watermark_delay_ms must be"),
+    ({"timestamp_selector": "ts"}, TypeError,
+     r"^timestamp_selector must be callable or None, got str"),
+    ({"key_selector": "key"}, TypeError, r"^key_selector must be callable, got str"),
+])
+def test_foreach_batch_refuses_wrong_event_time_arguments_when_built(
+        tmp_path: Path, overrides: dict[str, Any], error: type[Exception], pattern: str
+        ) -> None:
+    arguments: dict[str, Any] = {"key_selector": key_of, "num_partitions": 2,
+                                 "checkpoint_dir": tmp_path} | overrides
+    with pytest.raises(error, match=pattern):
+        aspark.foreach_batch(KeyCounter, **arguments)

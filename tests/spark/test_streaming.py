@@ -1,5 +1,6 @@
 """foreach_batch: state across the micro-batches of a Structured Streaming query, exactly once
-through a failed batch and a restart of the query."""
+through a failed batch and a restart of the query; event-time timers driven by a watermark
+that follows the stream."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from spark_functions import (
     SPARK_TEST_TIMEOUT_S,
     KeyCounter,
+    SessionTimers,
     key_of,
     model_counts,
     read_counts,
     records,
+    timestamp_of,
 )
 
 import asyncstate.spark as aspark
@@ -26,6 +30,16 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT_S)]
 FILES = 3
 PER_FILE = 2_000
 KEYS = 300
+
+
+def run_query(spark: Any, tmp_path: Path, schema: str, writer: Any) -> None:
+    """Run the query over the files of tmp_path/source, one file per micro-batch, until
+    they are all processed, with its checkpoint in tmp_path/query (a rerun resumes)."""
+    query = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
+             .json(str(tmp_path / "source")).writeStream.foreachBatch(writer)
+             .option("checkpointLocation", str(tmp_path / "query"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
 
 
 def test_foreach_batch_counts_every_record_once_across_a_failed_batch(
@@ -50,19 +64,11 @@ def test_foreach_batch_counts_every_record_once_across_a_failed_batch(
     writer = aspark.foreach_batch(KeyCounter, key_selector=key_of, num_partitions=3,
                                   checkpoint_dir=state, sink=sink, backend="rocksdb")
 
-    def run_query() -> None:
-        query = (spark.readStream.schema("key long, id long").option("maxFilesPerTrigger", 1)
-                 .json(str(source)).writeStream.foreachBatch(writer)
-                 .option("checkpointLocation", str(tmp_path / "query"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-
-    from pyspark.errors import StreamingQueryException
-
     with pytest.raises(StreamingQueryException, match="the sink fails once"):
-        run_query()
+        run_query(spark, tmp_path, "key long, id long", writer)
     assert failed == [1] and sorted(outputs) == [0, 1]
-    run_query()  # restarts from the query's checkpoint: batch 1 again, then batch 2
+    # Restarts from the query's checkpoint: batch 1 again, then batch 2.
+    run_query(spark, tmp_path, "key long, id long", writer)
     assert sorted(outputs) == list(range(FILES))
 
     counts: dict[Any, list[int]] = {}
@@ -76,3 +82,45 @@ def test_foreach_batch_counts_every_record_once_across_a_failed_batch(
     # The checkpoints of the last two batches are kept, older ones deleted.
     assert sorted(os.listdir(state)) == ["chk-1", "chk-2"]
     assert read_counts(str(state / "chk-2"), model) == dict(model)
+
+
+def test_foreach_batch_watermark_follows_the_event_times_of_earlier_batches(
+        spark: Any, tmp_path: Path) -> None:
+    # File i holds one record per key k < 200 at event time 1,000 i + k; each record counts
+    # its key and registers a timer at its time + 100. With a delay of 50, batch i starts at
+    # watermark (1,000 (i - 1) + 199) - 50, so the timers due by then fire first.
+    keys, delay = 200, 50
+    source = tmp_path / "source"
+    source.mkdir()
+    for i in range(3):
+        path = source / f"part-{i}.json"
+        path.write_text("".join(
+            json.dumps({"key": k, "ts": 1_000 * i + k}) + "\n" for k in range(keys)))
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the source's file order
+    state = tmp_path / "state"
+    fired: dict[int, list[tuple[int, int, int]]] = {}
+    failed: list[int] = []
+
+    def sink(out: Any, batch_id: int) -> None:
+        fired[batch_id] = sorted((k, ts, count) for _, k, ts, count, _ in out.collect())
+        if batch_id == 1 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("the sink fails once")
+
+    writer = aspark.foreach_batch(SessionTimers, key_selector=key_of, num_partitions=3,
+                                  checkpoint_dir=state, sink=sink, backend="rocksdb",
+                                  timestamp_selector=timestamp_of, watermark_delay_ms=delay)
+
+    with pytest.raises(StreamingQueryException, match="the sink fails once"):
+        run_query(spark, tmp_path, "key long, ts long", writer)
+    first_try = fired[1]
+    # Batch 1 again (restored from checkpoint 0, at the same watermark), then batch 2.
+    run_query(spark, tmp_path, "key long, ts long", writer)
+    assert sorted(fired) == [0, 1, 2]
+    assert fired[0] == []  # no watermark before the first batch's event times are known
+    # Batch 1 starts at 199 - 50 = 149: the timers of batch 0 at 100..149, count still 1.
+    assert fired[1] == first_try == [(k, k + 100, 1) for k in range(keys) if k + 100 <= 149]
+    # Batch 2 starts at 1,199 - 50 = 1,149: batch 0's other timers and batch 1's up to 1,149.
+    assert fired[2] == sorted(
+        [(k, k + 100, 2) for k in range(keys) if k + 100 > 149]
+        + [(k, 1_100 + k, 2) for k in range(keys) if 1_100 + k <= 1_149])

@@ -69,3 +69,31 @@ def test_event_time_ttl_expires_across_a_checkpoint_and_a_rescale(sc: Any, tmp_p
         k: None if 10 * k + 100 <= 1_000 else 2 for k in range(200)}
     for _, k, _, partition in second:
         assert partition == ast.operator_index_for_key(k, 128, 3)
+
+
+def test_an_initial_watermark_fires_restored_timers_before_the_first_record(
+        sc: Any, tmp_path: Path) -> None:
+    # Key k (k < 200) counts once at 10k: its timer at 10k + 100 stays pending in checkpoint 1.
+    chk = tmp_path / "chk"
+    first = aspark.process_keyed(sc.parallelize([(k, 10 * k) for k in range(200)], 3),
+                                 SessionTimers, key_selector=key_of,
+                                 timestamp_selector=timestamp_of, num_partitions=4,
+                                 backend="rocksdb", checkpoint_dir=chk, checkpoint_id=1)
+    assert first.collect() == []
+    # Restored at 3 partitions with watermark 1,000: the timers of keys 0-90 fire before the
+    # partition's records, so they see count 1; each key's record then counts a second time,
+    # and the timers it registers (at 5,100) and those of keys 91-199 stay pending.
+    report = aspark.RunReport(sc)
+    again = [(k, 5_000 - k) for k in range(200)]
+    second = aspark.process_keyed(sc.parallelize(again, 2), SessionTimers, key_selector=key_of,
+                                  timestamp_selector=timestamp_of, num_partitions=3,
+                                  backend="heap", restore_from=ast.checkpoint_path(chk, 1),
+                                  initial_watermark=1_000, report=report).collect()
+    assert sorted((k, ts, count) for _, k, ts, count, _ in second) == [
+        (k, 10 * k + 100, 1) for k in range(91)]
+    # Each partition reports the largest event time among its records.
+    by_partition: dict[int, list[int]] = {}
+    for k, ts in again:
+        by_partition.setdefault(ast.operator_index_for_key(k, 128, 3), []).append(ts)
+    assert {r["partition"]: r["max_timestamp"] for r in report.partitions} == {
+        p: max(times) for p, times in by_partition.items()}
