@@ -676,8 +676,14 @@ class RocksDBBackend:
         if idle and not self._pumping:
             self._pump()
 
-    def _write_maintenance(self, wb: rocksdict.WriteBatch) -> None:
+    def _write_maintenance(self, wb: rocksdict.WriteBatch,
+                           removed: list[tuple[_StateHandle, bytes]] | None = None) -> None:
+        """Write a job of the backend's own; `removed`: the keys a cleanup job removes, shown
+        removed to the batches behind it in the lane (their multi-gets did not wait)."""
         self._live_db().write(wb, self._write_options)
+        if removed:
+            self._ttl.show_removals(
+                removed, sum(1 for job in self._lane if job.maintenance is None))
 
     def _flush_refreshes(self) -> None:
         """Write the deferred refreshes of TTL reads (before anything reads the column
@@ -1035,9 +1041,10 @@ class RocksDBBackend:
             self._enqueue_maintenance(self._run_ttl_steps)
 
     def _run_ttl_steps(self) -> None:
-        wb = self._ttl.run_steps(self._handles)
+        removed: list[tuple[_StateHandle, bytes]] = []
+        wb = self._ttl.run_steps(self._handles, removed)
         if wb is not None:
-            self._write_maintenance(wb)
+            self._write_maintenance(wb, removed)
 
     async def wait_ttl_cleaner_idle(self) -> None:
         """Wait until the background cleaner of TTL states has nothing to do: every state it

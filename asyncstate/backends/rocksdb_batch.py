@@ -93,8 +93,9 @@ _CATEGORY: Final = [_CATEGORY_OF.get(t, _CAT_NONE) for t in StateRequestType]
 class _StateHandle:
     """What `register_state` returns: a state's column family. `close()` drops the
     references, because a live column family keeps RocksDB's LOCK. `refreshes`: the
-    refreshes of TTL reads not written yet, key to the point read whose refresh it is
-    (None: none; `asyncstate.backends.rocksdb_ttl`)."""
+    refreshes of TTL reads not written yet (or written and still shown), key to the point
+    read whose refresh it is, and the removals of TTL cleanup still shown, key to a point
+    without bytes (None: none; `asyncstate.backends.rocksdb_ttl`)."""
 
     __slots__ = ("name", "kind", "cf", "cf_handle", "refreshes")
 

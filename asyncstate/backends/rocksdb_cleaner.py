@@ -11,7 +11,8 @@ with background cleanup in passes, one bounded slice at a time:
 2. The candidates' removal is a job of the backend's own in the lane: it runs on the loop
    thread in trigger order with the batches, reads each candidate again and removes it only
    if what is stored then is still expired at the time the scan used. A value rewritten
-   after the scan (a fresh timestamp) survives.
+   after the scan (a fresh timestamp) survives. The batches behind it in the lane are shown
+   the removals (`RocksTtl.show_removals`): their multi-gets did not wait for it.
 3. When a pass ends, the state's tracker learns the smallest expiration it kept; while
    nothing can have expired (`TtlTracker.due`), the state is skipped.
 
@@ -106,13 +107,15 @@ class BackgroundCleaner:
     """The background cleaner of one RocksDB backend (see the module docstring).
 
     `handles` and `trackers` are the backend's live maps of state handles and TTL trackers;
-    `enqueue(fn)` runs fn() as a job of the backend's own in its lane; `write(wb)` writes a
-    WriteBatch; `loop` is the operator's event loop.
+    `enqueue(fn)` runs fn() as a job of the backend's own in its lane; `write(wb, removed)`
+    writes a WriteBatch of removals, `removed` the (handle, key) of each, to be shown to the
+    batches behind in the lane; `loop` is the operator's event loop.
     """
 
     def __init__(self, handles: dict[str, _StateHandle], trackers: dict[str, TtlTracker],
                  enqueue: Callable[[Callable[[], None]], None],
-                 write: Callable[[rocksdict.WriteBatch], None],
+                 write: Callable[[rocksdict.WriteBatch, list[tuple[_StateHandle, bytes]]],
+                                 None],
                  loop: asyncio.AbstractEventLoop) -> None:
         self._handles = handles
         self._trackers = trackers
@@ -212,6 +215,7 @@ class BackgroundCleaner:
             raws: list[bytes | None] = handle.cf.get(keys)  # type: ignore[arg-type,assignment]
             ttl = piece.tracker.ttl_ms
             wb: rocksdict.WriteBatch | None = None
+            removed: list[tuple[_StateHandle, bytes]] = []
             for (key, now), stored in zip(piece.candidates, raws, strict=True):
                 raw = _current(handle, key, stored)  # a deferred refresh counts
                 if raw is not None and expiration(_timestamp(raw, piece.name), ttl) <= now:
@@ -219,8 +223,9 @@ class BackgroundCleaner:
                         wb = rocksdict.WriteBatch(raw_mode=True)
                     wb.delete(key, handle.cf_handle)
                     _forget(handle, key)
+                    removed.append((handle, key))
             if wb is not None:
-                self._write(wb)
+                self._write(wb, removed)
         except BaseException:
             self._abandon(piece.name)
             self._busy = False

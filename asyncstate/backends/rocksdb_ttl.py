@@ -31,7 +31,13 @@ entry expired (and remove it, with cleanup on read).
 
 Incremental cleanup runs as a job of the backend's own in the lane (`RocksTtl.run_steps`),
 so it is ordered with the batches around it; its cursor is a remembered key, and every scan
-is a bounded one (`asyncstate.backends.rocksdb_scan`): no iterator outlives a step.
+is a bounded one (`asyncstate.backends.rocksdb_scan`): no iterator outlives a step. The
+background cleaner's removals are such jobs too. What a cleanup job removes is known only
+when it runs, so the multi-gets of the jobs behind it do not wait for it and may have read
+a removed key before the removal was written. Its removals are therefore shown on their
+handles like written refreshes (`RocksTtl.show_removals`): `_current` finds the key empty.
+Without that, such a read would find the removed entry (fresh, if it was issued before the
+entry expired) and, with ON_READ_AND_WRITE, its refresh would store the entry again.
 
 Everything here is internal to the RocksDB backend modules.
 """
@@ -52,6 +58,7 @@ from asyncstate.state.ttl.layout import (
     EXPIRED_RETURNED,
     FRESH,
     HEADER_SIZE,
+    TtlPolicy,
     TtlRead,
     encode,
     expiration,
@@ -74,6 +81,9 @@ _ALL_UPPER: Final = b"\xff\xff\xff"
 # Entries scanned per slice by `is_empty` and layout changes.
 _SLICE: Final = 1000
 _MIGRATE_SLICE: Final = 10_000
+# The read of a removal shown on a handle (`RocksTtl.show_removals`): there is none, its point
+# is never answered.
+_REMOVAL: Final = TtlRead(TtlPolicy(1, False, False, False), 0, 0, None)
 # Jobs a deferred refresh waits for a write that overwrites it, after those that were in the
 # lane when its read was delivered: the record's write comes in the next batch triggered, or
 # in the one after it when the requests buffered by then fill more than one batch.
@@ -96,12 +106,13 @@ def _refreshed(point: _TtlPoint) -> bytes:
 
 
 def _current(handle: _StateHandle, key: bytes, raw: bytes | None) -> bytes | None:
-    """What `key` holds: its deferred refresh, if it has one, else `raw` (what is stored)."""
+    """What `key` holds: its deferred refresh, if it has one (nothing, for a removal shown),
+    else `raw` (what is stored)."""
     refreshes = handle.refreshes
     if refreshes is not None:
         refreshed = refreshes.get(key)
         if refreshed is not None:
-            return _refreshed(refreshed)
+            return None if refreshed.raw is None else _refreshed(refreshed)
     return raw
 
 
@@ -299,8 +310,9 @@ class RocksTtl:
         self.applied = 0  # jobs whose point reads had their effects (see `effects`)
         # The jobs behind the one being applied (see `effects`).
         self.waiting = 0
-        # Refreshes written out as they grew old but still shown on their handles, oldest
-        # first, and the value of `applied` from which each list may go (see `settle`).
+        # Refreshes written out as they grew old (and removals written by cleanup jobs) but
+        # still shown on their handles, oldest first, and the value of `applied` from which
+        # each list may go (see `settle`, `show_removals`).
         self.shown: list[list[_TtlPoint]] = []
         self.shown_until: list[int] = []
         # name -> [budget, now] of the steps the queued cleanup job will run (empty: no job
@@ -334,9 +346,10 @@ class RocksTtl:
                 noted[1] = now
         return first
 
-    def run_steps(self, handles: dict[str, _StateHandle]) -> rocksdict.WriteBatch | None:
+    def run_steps(self, handles: dict[str, _StateHandle],
+                  removed: list[tuple[_StateHandle, bytes]]) -> rocksdict.WriteBatch | None:
         """The cleanup job: run the noted steps (at the head of the lane); the WriteBatch
-        of the removals."""
+        of the removals, whose keys go into `removed`."""
         pending, self.pending = self.pending, {}
         wb: rocksdict.WriteBatch | None = None
         for name, (budget, now) in pending.items():
@@ -347,13 +360,35 @@ class RocksTtl:
             cursor = self.cursors.get(name)
             if cursor is None:
                 cursor = self.cursors[name] = _StepCursor()
-            wb = _step(handle, tracker, cursor, budget, now, wb)
+            wb = _step(handle, tracker, cursor, budget, now, wb, removed)
         return wb
+
+    def show_removals(self, removed: list[tuple[_StateHandle, bytes]], behind: int) -> None:
+        """A cleanup job has written the removal of the `removed` keys, with `behind` jobs
+        (batches) behind it in the lane, whose multi-gets did not wait for it. Until they
+        are applied, the keys are shown removed on their handles, as written refreshes are
+        shown (see `settle`). List elements are left out: only iterations read them, and
+        those read the column family when the lane applies them."""
+        if not behind:
+            return
+        shown: list[_TtlPoint] = []
+        for handle, key in removed:
+            if handle.kind is StateKind.LIST:
+                continue
+            refreshes = handle.refreshes
+            if refreshes is None:
+                refreshes = handle.refreshes = {}
+            removal = _TtlPoint(-1, _REMOVAL, handle, key, False)
+            refreshes[key] = removal  # its raw bytes stay None: the key holds nothing
+            shown.append(removal)
+        if shown:
+            self.shown.append(shown)
+            self.shown_until.append(self.applied + behind)
 
     @property
     def deferred(self) -> bool:
-        """True while some refresh is deferred, or shown after it was written (every job
-        counts in `applied` then)."""
+        """True while some refresh is deferred, or shown after it was written, or a removal
+        by cleanup is shown (every job counts in `applied` then)."""
         return bool(self.ages) or bool(self.shown)
 
     def effects(self, waiting: int) -> _Effects:
@@ -391,7 +426,8 @@ class RocksTtl:
         if shown:
             # The jobs that were in the lane when these were written have all been applied
             # (this one too: its reads are answered). The multi-gets of those behind them
-            # started after the write, so they read the refreshes from the database.
+            # started after the write, so they read the refreshes (or find the removed keys
+            # gone) in the database.
             until = self.shown_until
             while shown and until[0] <= applied:
                 until.pop(0)
@@ -493,13 +529,16 @@ def _flush_prefix(handle: _StateHandle, prefix: bytes, effects: _Effects) -> Non
     refreshes = handle.refreshes
     if refreshes:
         for key in [k for k in refreshes if k.startswith(prefix)]:
-            _write(effects, key, _refreshed(refreshes.pop(key)), handle)
+            point = refreshes.pop(key)
+            if point.raw is not None:  # else a removal shown: nothing to write
+                _write(effects, key, _refreshed(point), handle)
 
 
 def _step(handle: _StateHandle, tracker: TtlTracker, cursor: _StepCursor, budget: int,
-          now: int, wb: rocksdict.WriteBatch | None) -> rocksdict.WriteBatch | None:
+          now: int, wb: rocksdict.WriteBatch | None,
+          removed: list[tuple[_StateHandle, bytes]]) -> rocksdict.WriteBatch | None:
     """One incremental cleanup step of one state: up to `budget` stored entries (each list
-    element and map entry counts) from the cursor on."""
+    element and map entry counts) from the cursor on; the keys removed go into `removed`."""
     p = cursor.pass_
     if p is None:
         p = cursor.pass_ = tracker.start_pass()
@@ -516,6 +555,7 @@ def _step(handle: _StateHandle, tracker: TtlTracker, cursor: _StepCursor, budget
                 wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete(k, handle.cf_handle)
             _forget(handle, k)
+            removed.append((handle, k))
         else:
             p.keep(exp)
     if len(entries) < budget:
