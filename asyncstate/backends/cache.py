@@ -178,7 +178,8 @@ class StateCache:
     """
 
     __slots__ = ("_absorb", "_bypass", "_chunk", "_deliver", "_dirty", "_entries", "_execute",
-                 "_get", "_issue_time", "_last", "_prefixes", "_reading", "_splits", "_stale",
+                 "_get", "_issue_time", "_last_key", "_last_key_bytes", "_last_name",
+                 "_last_namespace", "_mru", "_prefixes", "_reading", "_splits", "_stale",
                  "_touch", "_weight", "capacity", "evicted", "evictions", "hits", "misses",
                  "write_back", "write_backs")
 
@@ -192,7 +193,15 @@ class StateCache:
         self._dirty: dict[EntryKey, _Dirty] = {}
         self._prefixes: dict[str, bytes] = {}  # state name -> the first 4 bytes of its keys
         # The last key built and what it was built from (compared by identity).
-        self._last: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")
+        self._last_name = ""
+        self._last_key_bytes = b""
+        self._last_namespace = b""
+        self._last_key: EntryKey = b""
+        # The key last inserted or moved to the most recent end, while it is cached (else
+        # b"": an entry key is never empty): using it again needs no move. A record's read
+        # and write of one entry are mostly consecutive, and on a large cache each move
+        # touches nodes all over memory.
+        self._mru: EntryKey = b""
         # The writes of dirty entries evicted since the controller last took them.
         self.evicted: list[StateRequest] = []
         self.write_backs = 0  # writes of dirty entries handed on
@@ -267,6 +276,7 @@ class StateCache:
         """Forget everything (the backend's state was replaced, as by a restore), dirty
         entries included. Reads on their way fill nothing."""
         self._entries.clear()
+        self._mru = b""
         self._weight = 0
         self._dirty.clear()
         self.evicted.clear()
@@ -433,14 +443,17 @@ class StateCache:
                                request.context.key_bytes, request.namespace)
 
     def _entry_key(self, name: str, key_bytes: bytes, namespace: bytes) -> EntryKey:
-        last = self._last
-        if key_bytes is last[1] and name is last[0] and namespace is last[2]:
-            return last[3]  # a record's read and write of one state: the same objects
+        if key_bytes is self._last_key_bytes and name is self._last_name and \
+                namespace is self._last_namespace:
+            return self._last_key  # a record's read and write of one state: the same objects
         prefix = self._prefixes.get(name)
         if prefix is None:
             prefix = self._prefixes[name] = len(self._prefixes).to_bytes(4, "big")
         key = prefix + key_bytes + namespace
-        self._last = (name, key_bytes, namespace, key)
+        self._last_name = name
+        self._last_key_bytes = key_bytes
+        self._last_namespace = namespace
+        self._last_key = key
         return key
 
     # -- the entries -----------------------------------------------------------------------
@@ -455,10 +468,19 @@ class StateCache:
         if old is _UNKNOWN:
             self._weight += weight
         else:
-            self._touch(key)
+            if key is not self._mru:
+                self._touch(key)
             self._weight += weight - self._weight_of(old)
+        self._mru = key
         if self._weight > self.capacity:
             self._evict()
+
+    def _put_value(self, key: EntryKey, entry: Any) -> None:
+        """`_put` of a value kind's entry (weight 1, as any entry of its key)."""
+        if key is self._mru:
+            self._entries[key] = entry  # cached, at the most recent end already
+        else:
+            self._put(key, entry, 1)
 
     def _grew(self, key: EntryKey, by: int) -> None:
         """The entry `key` (just used) grew by `by` elements."""
@@ -470,6 +492,8 @@ class StateCache:
     def _drop(self, key: EntryKey) -> None:
         old = self._entries.pop(key, _UNKNOWN)
         if old is not _UNKNOWN:
+            if key == self._mru:
+                self._mru = b""
             self._weight -= self._weight_of(old)
             item = self._dirty.pop(key, None)
             if item is not None:  # never lose a write held back
@@ -480,6 +504,8 @@ class StateCache:
         dirty = self._dirty
         while self._weight > self.capacity and entries:
             key, old = entries.popitem(last=False)
+            if key == self._mru:  # the only entry left (compared by value: the dict's key
+                self._mru = b""     # object may be another than the one last used)
             self._weight -= self._weight_of(old)
             self.evictions += 1
             if dirty:
@@ -498,8 +524,9 @@ class StateCache:
     def _known(self, key: EntryKey) -> Any:
         """The cached entry of `key` as the most recently used, or `_UNKNOWN`."""
         entry = self._get(key, _UNKNOWN)
-        if entry is not _UNKNOWN:
+        if entry is not _UNKNOWN and key is not self._mru:
             self._touch(key)
+            self._mru = key
         return entry
 
     def _miss(self, key: EntryKey) -> Any:
@@ -566,16 +593,19 @@ class StateCache:
             return None if entry is _ABSENT else _from_stored(entry)
         if t is _VALUE_UPDATE or t is _REDUCING_ADD or t is _AGGREGATING_ADD:
             self._written(key)
-            self._put(key, _ABSENT if payload is None else payload, 1)
+            self._put_value(key, _ABSENT if payload is None else payload)
             if self._absorb:
-                self._dirty[key] = (state, key_group, t, key_bytes, namespace)
+                dirty = self._dirty
+                item = dirty.get(key)
+                if item is None or item[2] is not t or item[0] is not state:
+                    dirty[key] = (state, key_group, t, key_bytes, namespace)  # else kept
                 return None
             return BUFFERED
         if t in _READS:
             return self._answer_read(key, t, payload)
         self._written(key)
         if self._absorb and t is _CLEAR and state.kind in _VALUE_KINDS:
-            self._put(key, _ABSENT, 1)
+            self._put_value(key, _ABSENT)
             self._dirty[key] = (state, key_group, _CLEAR, key_bytes, namespace)
             return None
         self._write(key, t, payload, state.kind)
@@ -681,7 +711,7 @@ class StateCache:
             return
         t = request.request_type
         if t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
-            self._put(key, _ABSENT if result is None else _to_stored(result), 1)
+            self._put_value(key, _ABSENT if result is None else _to_stored(result))
         elif t is _LIST_GET:
             if type(result) is IteratorChunk and result.continuation is None:
                 elements = [_to_stored(x) for x in result.items]

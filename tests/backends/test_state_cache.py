@@ -283,6 +283,7 @@ class _Driver:
         state = self.states[name]
         want = self.heap.execute_one(state, t, payload, key, NONE_BYTES)
         got = self.cache.answer(state, t, payload, key, NONE_BYTES, 0)
+        self.check_bound()
         if t not in _READ_TYPES:
             assert got is BUFFERED  # write-through
             return
@@ -302,10 +303,18 @@ class _Driver:
         else:
             assert got == want
 
+    def check_bound(self) -> None:
+        """The entries cached weigh what the cache counts, within its capacity (an entry
+        cached or replaced without being counted would let it grow without bound)."""
+        cache = self.cache
+        weights = sum(cache._weight_of(e) for e in cache._entries.values())
+        assert cache._weight == weights <= cache.capacity
+
     def deliver(self, index: int = 0) -> None:
         """The backend answers the `index`-th read still on its way."""
         batch, result = self.pending.pop(index)
         self.up.deliver(batch, [result], None)
+        self.check_bound()
 
     def deliver_all(self) -> None:
         while self.pending:
