@@ -12,7 +12,7 @@ off the loop thread, or that changes memory access patterns, shows here as no ch
     python scripts/count_instructions.py [--records N] [--keys N] [--keep DIR] [--cache-sim]
         [--arms heap-callback,heap-async,...]
 
-With `--keys` K of the ttl- arms, `--records` K or more leaves the first visit of each
+With `--keys` K of the ttl- and cache- arms, `--records` K or more leaves the first visit of each
 key (a read that finds nothing) in both runs: the difference is K..2K later visits.
 """
 
@@ -27,7 +27,8 @@ import tempfile
 from collections.abc import Sequence
 
 ARMS = ("heap-callback", "heap-async", "heap-ttl", "batched-callback", "batched-async",
-        "rocksdb-async", "rocksdb-ttl", "ttl-rocksdb-off", "ttl-rocksdb-on")
+        "rocksdb-async", "rocksdb-ttl", "ttl-rocksdb-off", "ttl-rocksdb-on", "cache-heap",
+        "cache-wb")
 
 _CHILD = r"""
 import random, shutil, sys, tempfile
@@ -71,11 +72,23 @@ if arm.startswith("ttl-"):
     order = list(range(n_keys))
     random.Random(1).shuffle(order)
     records = [order[i % n_keys] for i in range(n)]
+elif arm.startswith("cache-"):
+    # cache-heap/-wb: the callback counter over `--keys` keys in a shuffled round-robin, on
+    # the heap, and through a write-back state cache holding every key (a quarter to
+    # spare) in front of a heap store at no latency: what a cache of a partition's keys costs.
+    fn = CallbackCounter()
+    order = list(range(n_keys))
+    random.Random(1).shuffle(order)
+    records = [order[i % n_keys] for i in range(n)]
+    if arm == "cache-wb":
+        backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0,
+                                             cache_entries=n_keys * 5 // 4,
+                                             cache_write_back=True)
 elif arm.endswith("callback"):
     fn = CallbackCounter()
 else:
     fn = AsyncCounter(ttl)
-if arm.startswith("heap"):
+if arm.startswith("heap") or arm == "cache-heap":
     backend = ast.HeapBackend()
 elif arm.startswith("batched"):
     backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
@@ -118,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"comma-separated arms (default: all of {', '.join(ARMS)})")
     parser.add_argument("--keys", type=int, default=20_000,
-                        help="keys of the ttl-rocksdb arms (bench.py ttl: 100,000); the other "
+                        help="keys of the ttl- and cache- arms (bench.py ttl: 100,000); the other "
                              "arms have 10,000")
     parser.add_argument("--keep", default=None, metavar="DIR",
                         help="keep each run's callgrind file in DIR (for callgrind_annotate)")
