@@ -33,10 +33,12 @@ from typing import Any
 
 from asyncstate.backends.base import StateExecutor
 from asyncstate.backends.heap import HeapBackend
+from asyncstate.checkpoint.layout import checkpoint_path
 from asyncstate.config import AsyncStateConfig
 from asyncstate.function import KeyedProcessFunction
 from asyncstate.log import get_logger
 from asyncstate.operator import KeyedOperator
+from asyncstate.spark.eventtime import write_part_max
 from asyncstate.spark.failures import PartitionFailure, carry
 from asyncstate.spark.feeder import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CHUNKS, ChunkFeeder
 from asyncstate.spark.session import configure_worker_logging
@@ -133,9 +135,11 @@ class _LatestTimestamp:
 class _Run:
     """The state of one partition's run shared by Spark's thread and the loop."""
 
-    def __init__(self, spec: PartitionSpec, task: TaskInfo) -> None:
+    def __init__(self, spec: PartitionSpec, task: TaskInfo,
+                 latest: _LatestTimestamp | None = None) -> None:
         self.spec = spec
         self.task = task
+        self.latest = latest  # the largest event time of the records, with a selector
         self.ready: list[Any] = []  # outputs not yet handed to Spark
         self.wake: asyncio.Future[None] | None = None
         self.records = 0
@@ -191,6 +195,10 @@ class _Run:
                 if spec.checkpoint_dir is not None:
                     mark = clock()
                     assert spec.checkpoint_id is not None
+                    if self.latest is not None:  # recorded before the part commits
+                        write_part_max(checkpoint_path(spec.checkpoint_dir, spec.checkpoint_id),
+                                       spec.num_partitions, self.task.partition,
+                                       self.latest.value)
                     path = await op.snapshot(spec.checkpoint_dir, spec.checkpoint_id)
                     self.phases["commit"] = clock() - mark
         finally:
@@ -220,7 +228,7 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
     if task is None:
         task = TaskInfo.current()
     configure_worker_logging(spec.log_level)
-    run = _Run(spec, task)
+
     directory: str | None = None
     runner: asyncio.Runner | None = None
     feeder: ChunkFeeder | None = None
@@ -232,6 +240,7 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
     output_seconds = 0.0
     latest = None if spec.timestamp_selector is None else _LatestTimestamp(
         spec.timestamp_selector)
+    run = _Run(spec, task, latest)
     try:
         if spec.backend != "heap":
             directory = make_attempt_directory(task.stage, task.partition, task.attempt)

@@ -8,8 +8,10 @@ it, is run again by Spark with the same id and the same input: it restores from 
 checkpoint and writes checkpoint N again (each part replaced atomically), so every record
 counts once in the state, however often a batch or a task runs.
 
-Event time, as Structured Streaming's own watermark: with a timestamp selector the driver
-records, beside checkpoint N, the largest event time of every batch up to N; with a watermark
+Event time, as Structured Streaming's own watermark: with a timestamp selector each partition
+records the largest event time of its records beside its part, and the driver records,
+beside checkpoint N, the largest event time of every batch up to N
+(`asyncstate.spark.eventtime`); with a watermark
 delay, batch N starts each partition at watermark (that largest time up to batch N-1) -
 delay, so event-time timers and TTL move with the stream. A replayed batch restores the same
 record and starts at the same watermark.
@@ -17,7 +19,6 @@ record and starts at the same watermark.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,10 +27,12 @@ from typing import Any
 
 from asyncstate.checkpoint.format import checkpoint_path
 from asyncstate.config import AsyncStateConfig, check_int
-from asyncstate.errors import CheckpointError, ConfigError
+from asyncstate.errors import ConfigError
 from asyncstate.function import KeyedProcessFunction
 from asyncstate.log import get_logger
 from asyncstate.operator.arguments import check_selector
+from asyncstate.operator.progress import MIN_WATERMARK
+from asyncstate.spark import eventtime
 from asyncstate.spark.keyed import process_keyed
 from asyncstate.spark.partition import BackendSpec
 from asyncstate.spark.report import RunReport, verify_checkpoint
@@ -40,8 +43,6 @@ log = get_logger("asyncstate.spark")
 
 _CHK_RE = re.compile(r"chk-(0|[1-9][0-9]*)")
 _MIN_RETAIN = 2  # the checkpoint just written and the one a replay of it restores from
-_EVENT_TIME_FILE = "_EVENT_TIME.json"  # beside a checkpoint's parts: the largest event time
-_MIN_TS = -2**63
 
 
 def _checkpoint_ids(checkpoint_dir: str) -> list[int]:
@@ -58,35 +59,6 @@ def previous_checkpoint(checkpoint_dir: str | os.PathLike[str], batch_id: int) -
     directory = os.path.abspath(os.fspath(checkpoint_dir))
     earlier = [i for i in _checkpoint_ids(directory) if i < batch_id]
     return checkpoint_path(directory, earlier[-1]) if earlier else None
-
-
-def _read_event_time(checkpoint: str | None) -> int | None:
-    """The largest event time of the batches up to `checkpoint` (None: none recorded)."""
-    if checkpoint is None:
-        return None
-    path = os.path.join(checkpoint, _EVENT_TIME_FILE)
-    try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read())["max_timestamp"]
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"the event-time record {path!r} cannot be read: {exc!r}",
-                              path=path) from exc
-    if value is not None and type(value) is not int:
-        raise CheckpointError(f"the event-time record {path!r} holds {value!r}, not an int",
-                              path=path)
-    return value
-
-
-def _write_event_time(checkpoint: str, max_timestamp: int | None) -> None:
-    path = os.path.join(checkpoint, _EVENT_TIME_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"max_timestamp": max_timestamp}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _consume(out: Any) -> None:
@@ -149,11 +121,10 @@ class KeyedBatchWriter:
         if report is None:
             report = self._report = RunReport(batch.sparkSession.sparkContext)
         report.clear()
-        event_time = watermark = None
-        if self.timestamp_selector is not None:
-            event_time = _read_event_time(restore)
-            if self.watermark_delay_ms is not None and event_time is not None:
-                watermark = max(_MIN_TS, event_time - self.watermark_delay_ms)
+        event_time = eventtime.read_record(restore)
+        watermark = None
+        if self.watermark_delay_ms is not None and event_time is not None:
+            watermark = max(MIN_WATERMARK, event_time - self.watermark_delay_ms)
         out = process_keyed(
             batch, self.function_factory, key_selector=self.key_selector,
             num_partitions=self.num_partitions, checkpoint_dir=self.checkpoint_dir,
@@ -166,12 +137,15 @@ class KeyedBatchWriter:
         else:
             _consume(out)
         path = verify_checkpoint(self.checkpoint_dir, batch_id, report)
-        if self.timestamp_selector is not None:
-            for part in report.committed(path).values():
-                latest = part.get("max_timestamp")
-                if latest is not None and (event_time is None or latest > event_time):
-                    event_time = latest
-            _write_event_time(path, event_time)
+        # From the records of the committed parts, whichever run of this batch committed
+        # them (a replay whose sink skips the outputs runs no partition); without a selector
+        # the record restored from is carried on.
+        latest = eventtime.read_batch_max(path) if self.timestamp_selector is not None \
+            else None
+        if latest is not None and (event_time is None or latest > event_time):
+            event_time = latest
+        if event_time is not None:
+            eventtime.write_record(path, event_time)
         self._expire(batch_id)
         log.info("spark.batch.done", batch_id=batch_id, restored_from=restore,
                  partitions=len(report.partitions), watermark=watermark,

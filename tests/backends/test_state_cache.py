@@ -305,10 +305,13 @@ class _Driver:
 
     def check_bound(self) -> None:
         """The entries cached weigh what the cache counts, within its capacity (an entry
-        cached or replaced without being counted would let it grow without bound)."""
+        cached or replaced without being counted would let it grow without bound), and the
+        most recently used entry is the one the cache remembers as such."""
         cache = self.cache
         weights = sum(cache._weight_of(e) for e in cache._entries.values())
         assert cache._weight == weights <= cache.capacity
+        # The key the cache takes for the most recently used one is that (it skips moves).
+        assert not cache._mru or next(reversed(cache._entries)) == cache._mru
 
     def deliver(self, index: int = 0) -> None:
         """The backend answers the `index`-th read still on its way."""
