@@ -495,9 +495,7 @@ class StateCache:
             if key == self._mru:
                 self._mru = b""
             self._weight -= self._weight_of(old)
-            item = self._dirty.pop(key, None)
-            if item is not None:  # never lose a write held back
-                self.evicted.append(self._write_back(key, item, old))
+            self._hand_on(key, old)
 
     def _evict(self) -> None:
         entries = self._entries
@@ -509,9 +507,14 @@ class StateCache:
             self._weight -= self._weight_of(old)
             self.evictions += 1
             if dirty:
-                item = dirty.pop(key, None)
-                if item is not None:
-                    self.evicted.append(self._write_back(key, item, old))
+                self._hand_on(key, old)
+
+    def _hand_on(self, key: EntryKey, old: Any) -> None:
+        """`key` (holding `old`) left the cache: if it was dirty, its write goes to
+        `evicted`, never lost."""
+        item = self._dirty.pop(key, None)
+        if item is not None:
+            self.evicted.append(self._write_back(key, item, old))
 
     @staticmethod
     def _weight_of(entry: Any) -> int:

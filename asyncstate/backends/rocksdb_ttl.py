@@ -382,8 +382,13 @@ class RocksTtl:
             refreshes[key] = removal  # its raw bytes stay None: the key holds nothing
             shown.append(removal)
         if shown:
-            self.shown.append(shown)
-            self.shown_until.append(self.applied + behind)
+            self._show(shown, self.applied + behind)
+
+    def _show(self, points: list[_TtlPoint], until: int) -> None:
+        """Keep `points` shown on their handles until `applied` reaches `until` (`settle`
+        takes them off then)."""
+        self.shown.append(points)
+        self.shown_until.append(until)
 
     @property
     def deferred(self) -> bool:
@@ -449,8 +454,7 @@ class RocksTtl:
                 # the key was applied). Each such job is in the lane now, and is counted in
                 # `applied` when it is applied (`deferred` stays True meanwhile): until then
                 # the refreshes stay shown on their handles, where `_current` finds them.
-                shown.append(written)
-                self.shown_until.append(applied + self.waiting)
+                self._show(written, applied + self.waiting)
 
     def flush(self) -> rocksdict.WriteBatch | None:
         """Every deferred refresh, as a WriteBatch (None: there are none); they are no longer

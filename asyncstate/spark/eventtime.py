@@ -17,14 +17,13 @@ import os
 
 from asyncstate.checkpoint.layout import part_name
 from asyncstate.checkpoint.reader import open_checkpoint
-from asyncstate.errors import CheckpointError
+from asyncstate.errors import CheckpointError, ConfigError
+from asyncstate.operator.arguments import check_timestamp
 
 __all__ = ["read_batch_max", "read_record", "write_part_max", "write_record"]
 
 _RECORD = "_EVENT_TIME.json"
 _PARTS = "_EVENT_TIME"
-_MIN_TS = -(2**63)
-_MAX_TS = 2**63 - 1
 
 
 def _write_json(path: str, value: int | None) -> None:
@@ -46,10 +45,13 @@ def _read_json(path: str) -> int | None:
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise CheckpointError(f"the event-time record {path!r} cannot be read: {exc!r}",
                               path=path) from exc
-    if value is not None and (type(value) is not int or not _MIN_TS <= value <= _MAX_TS):
-        raise CheckpointError(f"the event-time record {path!r} holds {value!r}, not an int "
-                              "timestamp in [-2**63, 2**63)", path=path)
-    return value
+    if value is None:
+        return None
+    try:
+        return check_timestamp("max_timestamp", value)
+    except ConfigError as exc:
+        raise CheckpointError(f"the event-time record {path!r} is damaged: {exc}",
+                              path=path) from exc
 
 
 def write_part_max(checkpoint: str, parallelism: int, index: int, value: int | None) -> None:

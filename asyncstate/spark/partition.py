@@ -228,7 +228,6 @@ def run_partition(spec: PartitionSpec, records: Iterable[Any],
     if task is None:
         task = TaskInfo.current()
     configure_worker_logging(spec.log_level)
-
     directory: str | None = None
     runner: asyncio.Runner | None = None
     feeder: ChunkFeeder | None = None
