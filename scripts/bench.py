@@ -748,6 +748,8 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
         "write_buffer_bytes": args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES}
     if args.memtable_bloom_ratio is not None:  # otherwise the option's default
         option_fields["memtable_bloom_ratio"] = args.memtable_bloom_ratio
+    if args.inplace_updates is not None:  # otherwise the option's default
+        option_fields["inplace_updates"] = args.inplace_updates == "on"
     try:
         rocksdb_options = ast.RocksDBOptions(**option_fields)
     except ast.ConfigError as exc:
@@ -895,7 +897,8 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
                          f" MB in {m['sst_files_before_close']} SST files before close, "
                          f"{m['db_bytes_after_close'] / 1e6:.1f} MB on disk after; write "
                          f"buffer {rocksdb_options.write_buffer_bytes / 2**20:g} MiB, "
-                         f"memtable bloom ratio {rocksdb_options.memtable_bloom_ratio:g}; "
+                         f"memtable bloom ratio {rocksdb_options.memtable_bloom_ratio:g}, "
+                         f"in-place updates {'on' if rocksdb_options.inplace_updates else 'off'}; "
                          f"mean batch {m['mean_batch_size']:.0f} requests")
     bench.console.print(table)
     print_errors(bench, errors)
@@ -2010,7 +2013,9 @@ def ttl(bench: Bench) -> dict[str, Any]:
     keys = overhead_keys(n_records, n_keys, seed=args.seed)
     choose = sample_chooser(keys, n_keys, args.seed, PROBE_PRESENT, PROBE_ABSENT)
     options = ast.RocksDBOptions(
-        write_buffer_bytes=args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES)
+        write_buffer_bytes=args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES,
+        **({} if args.inplace_updates is None
+           else {"inplace_updates": args.inplace_updates == "on"}))
     heap_config = bench.config()
     rocksdb_config = bench.config(batch_size=ROCKSDB_BATCH_SIZE,
                                   max_in_flight=ROCKSDB_MAX_IN_FLIGHT)
@@ -2391,6 +2396,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--memtable-bloom-ratio", type=float, default=None,
                         help="RocksDBOptions.memtable_bloom_ratio of the rocksdb arms "
                              "(default: the option's default; 0 disables the filter)")
+    parser.add_argument("--inplace-updates", choices=("on", "off"), default=None,
+                        help="RocksDBOptions.inplace_updates of the rocksdb and ttl "
+                             "scenarios' RocksDB arms (default: the option's default, on)")
     parser.add_argument("--max-in-flight", type=_positive_int, default=None,
                         help="AsyncStateConfig.max_in_flight of the overhead and rocksdb arms "
                              f"(default: {ROCKSDB_MAX_IN_FLIGHT} for rocksdb, the config's "

@@ -111,6 +111,8 @@ _MIN_PART_KEYS = 2048
 DEFAULT_INLINE_READ_KEYS = 16
 _RESTORE_BATCH_ENTRIES = 100_000
 _TIMER_PLACES = ("rocksdb", "heap")
+# States stored one entry per (key, namespace), written with puts and point deletes only.
+_VALUE_KINDS = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
 # Longest the loop thread blocks to hand the GIL to an idle I/O thread (see _start_reads).
 _HANDOVER_SECONDS = 0.001
 
@@ -403,7 +405,9 @@ class RocksDBBackend:
         cf_name = _CF_PREFIX + name
         try:  # no local for the database or a column family (see _release)
             if cf_name not in self._families:
-                self._live_db().create_column_family(cf_name, self._options.to_rocksdict()[0])
+                # Value kinds never take a range deletion: their writes may go in place.
+                self._live_db().create_column_family(
+                    cf_name, self._options.family_options(kind in _VALUE_KINDS))
                 self._families.add(cf_name)
             self._live_db().put(_KIND_PREFIX + name.encode(), kind.value.encode(),
                                 self._write_options)

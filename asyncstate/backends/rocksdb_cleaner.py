@@ -32,11 +32,13 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import rocksdict
 
 from asyncstate.backends.rocksdb_batch import _StateHandle
 from asyncstate.backends.rocksdb_ttl import _current, _forget, _scan, _timestamp
+from asyncstate.errors import InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.state.ttl.layout import MAX_TIMESTAMP, expiration
 from asyncstate.state.ttl.tracker import CleanupPass, TtlTracker
@@ -89,10 +91,14 @@ def scan(piece: Slice, limit: int = SLICE_ENTRIES) -> Slice:
     every = max(1, tracker.background_every)
     ttl = tracker.ttl_ms
     entries = _scan(piece.handle, piece.lower, _ALL_UPPER, limit)
+    values = _values_by_key(piece.handle, entries)
     now = tracker.now()
-    for i, (key, value) in enumerate(entries):
+    for i, (key, _scanned) in enumerate(entries):
         if i and i % every == 0:
             now = tracker.now()
+        value = values[i]
+        if value is None:  # removed since the scan
+            continue
         exp = expiration(_timestamp(value, piece.name), ttl)
         if exp <= now:
             piece.candidates.append((key, now))
@@ -101,6 +107,19 @@ def scan(piece: Slice, limit: int = SLICE_ENTRIES) -> Slice:
     piece.end = len(entries) < limit
     piece.last = entries[-1][0] if entries else None
     return piece
+
+
+def _values_by_key(handle: _StateHandle, entries: list[tuple[bytes, bytes]]
+                   ) -> list[bytes | None]:
+    """The values of the scanned keys, read again by key. The loop thread may write a value
+    in place in the memtable (`RocksDBOptions.inplace_updates`) while this thread scans:
+    an iterator reads the bytes unlocked and could see a torn timestamp, whereas a point
+    read takes the lock such a write holds."""
+    cf = handle.cf
+    if cf is None:
+        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
+    found: Any = cf.get([key for key, _value in entries])
+    return list(found)
 
 
 class BackgroundCleaner:
