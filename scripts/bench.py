@@ -2055,7 +2055,7 @@ def ttl(bench: Bench) -> dict[str, Any]:
               "config": {"heap": dataclasses.asdict(heap_config),
                          "rocksdb": dataclasses.asdict(rocksdb_config)}}
     bench.console.print(f"[bold]ttl[/]: keyed counter, {n_records:,} records over {n_keys:,} "
-                        f"keys, TTL {TTL_MS:,} ms refreshed on read, best of {repeats}, at "
+                        f"keys, TTL {TTL_MS:,} ms refreshed on read, {repeats} rounds, at "
                         f"most {max_seconds:g} s per run")
     bench.console.print(bench.describe_environment())
     runs, errors = run_rounds(bench, arms, repeats=repeats, max_seconds=max_seconds,
@@ -2075,7 +2075,8 @@ def ttl(bench: Bench) -> dict[str, Any]:
         off = best[names[on_rocksdb, False]]
         best_cost = off.rate / mine.rate if with_ttl and mine is not None and off is not None \
             and mine.rate > 0 else None
-        # Round i's TTL-on run against round i's TTL-off run (the arms alternate in a round).
+        # Round i's TTL-on run against round i's TTL-off run (a round runs the four arms one
+        # after the other: heap off, heap on, RocksDB off, RocksDB on).
         rounds = [a.rate / b.rate for a, b in zip(runs[names[on_rocksdb, False]], runs[name],
                                                   strict=False)
                   if with_ttl and a.answer_ok and b.answer_ok and b.rate > 0]

@@ -171,6 +171,28 @@ def _directory(path: object) -> str:
     return name
 
 
+def _stored_kinds(path: str) -> dict[str, StateKind]:
+    """The kinds of the states stored in directory `path`, read through a read-only open
+    (column family options are given when the database opens, and a value state's family
+    updates in place). Empty when they cannot be read: every family then opens with the
+    plain memtable, which is always correct; the real open reports the damage."""
+    kinds: dict[str, StateKind] = {}
+    try:
+        db = rocksdict.Rdict(path, rocksdict.Options(raw_mode=True),
+                             access_type=rocksdict.AccessType.read_only())
+    except Exception:  # noqa: BLE001 - rocksdict raises bare Exception
+        return kinds
+    try:
+        for key, value in _scan_items(db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
+            with contextlib.suppress(ValueError):
+                kinds[key[len(_KIND_PREFIX):].decode()] = StateKind(value.decode())
+    except Exception:  # noqa: BLE001 - as above
+        kinds.clear()
+    finally:
+        db.close()
+    return kinds
+
+
 class RocksDBBackend:
     """Keyed state in a RocksDB directory. `asyncstate.backends.rocksdb_layout` describes the
     layout, and this module's docstring how a batch runs.
@@ -221,7 +243,10 @@ class RocksDBBackend:
         try:
             existing = (rocksdict.Rdict.list_cf(self._path)
                         if os.path.exists(os.path.join(self._path, "CURRENT")) else [])
-            families = {name: options.to_rocksdict()[0]
+            kinds = _stored_kinds(self._path) if len(existing) > 1 else {}
+            families = {name: options.family_options(
+                            name.startswith(_CF_PREFIX)
+                            and kinds.get(name[len(_CF_PREFIX):]) in _VALUE_KINDS)
                         for name in existing
                         if name.startswith(_CF_PREFIX) or name.startswith(_TIMER_CF_PREFIX)}
             self._db: rocksdict.Rdict | None = rocksdict.Rdict(

@@ -4,9 +4,10 @@ rocksdict exposes no compaction filter (its only TTL option is a whole-database 
 TTL), so expired entries are found by scanning instead. The cleaner goes over each state
 with background cleanup in passes, one bounded slice at a time:
 
-1. A slice is scanned on the cleaner's own thread (at most `SLICE_ENTRIES` entries from a
+1. A slice is scanned on the cleaner's own thread (at most `SLICE_ENTRIES` keys from a
    remembered key, through `asyncstate.backends.rocksdb_scan`, so no iterator outlives the
-   slice). The state's time is read at the start and again after every
+   slice), and their values are read by key (a point read, unlike an iterator, takes the
+   lock of a write in place). The state's time is read at the start and again after every
    `query_time_after_num_entries` entries. Entries expired at that time are candidates.
 2. The candidates' removal is a job of the backend's own in the lane: it runs on the loop
    thread in trigger order with the batches, reads each candidate again and removes it only
@@ -37,7 +38,8 @@ from typing import Any
 import rocksdict
 
 from asyncstate.backends.rocksdb_batch import _StateHandle
-from asyncstate.backends.rocksdb_ttl import _current, _forget, _scan, _timestamp
+from asyncstate.backends.rocksdb_scan import _scan_keys
+from asyncstate.backends.rocksdb_ttl import _current, _forget, _timestamp
 from asyncstate.errors import InvalidStateError
 from asyncstate.log import get_logger
 from asyncstate.state.ttl.layout import MAX_TIMESTAMP, expiration
@@ -90,10 +92,10 @@ def scan(piece: Slice, limit: int = SLICE_ENTRIES) -> Slice:
     tracker = piece.tracker
     every = max(1, tracker.background_every)
     ttl = tracker.ttl_ms
-    entries = _scan(piece.handle, piece.lower, _ALL_UPPER, limit)
-    values = _values_by_key(piece.handle, entries)
+    keys = _slice_keys(piece.handle, piece.lower, limit)
+    values = _values_of(piece.handle, keys)
     now = tracker.now()
-    for i, (key, _scanned) in enumerate(entries):
+    for i, key in enumerate(keys):
         if i and i % every == 0:
             now = tracker.now()
         value = values[i]
@@ -104,21 +106,27 @@ def scan(piece: Slice, limit: int = SLICE_ENTRIES) -> Slice:
             piece.candidates.append((key, now))
         elif exp < piece.kept:
             piece.kept = exp
-    piece.end = len(entries) < limit
-    piece.last = entries[-1][0] if entries else None
+    piece.end = len(keys) < limit
+    piece.last = keys[-1] if keys else None
     return piece
 
 
-def _values_by_key(handle: _StateHandle, entries: list[tuple[bytes, bytes]]
-                   ) -> list[bytes | None]:
-    """The values of the scanned keys, read again by key. The loop thread may write a value
-    in place in the memtable (`RocksDBOptions.inplace_updates`) while this thread scans:
-    an iterator reads the bytes unlocked and could see a torn timestamp, whereas a point
-    read takes the lock such a write holds."""
-    cf = handle.cf
-    if cf is None:
+# The loop thread may write a value in place in the memtable (`RocksDBOptions.
+# inplace_updates`) while this thread scans. An iterator reads values without the lock such a
+# write holds, and could see a torn one; a point read takes it. So a slice scans keys, then
+# reads their values by key. No local holds the column family (see `RocksDBBackend._release`:
+# a stored error's traceback would keep it alive).
+
+def _slice_keys(handle: _StateHandle, lower: bytes, limit: int) -> list[bytes]:
+    if handle.cf is None:
         raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
-    found: Any = cf.get([key for key, _value in entries])
+    return _scan_keys(handle.cf, lower, _ALL_UPPER, limit)
+
+
+def _values_of(handle: _StateHandle, keys: list[bytes]) -> list[bytes | None]:
+    if handle.cf is None:
+        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
+    found: Any = handle.cf.get(keys)  # type: ignore[arg-type]
     return list(found)
 
 

@@ -38,17 +38,32 @@ def _read_options(lower: bytes, upper: bytes) -> rocksdict.ReadOptions:
 def _scan_items(cf: rocksdict.Rdict, lower: bytes, upper: bytes,
                 limit: int | None = None) -> list[tuple[bytes, bytes]]:
     """Up to `limit` (key, value) pairs of `cf` in [lower, upper), in key order."""
+    out: list[tuple[bytes, bytes]] = _scan_range(cf, lower, upper, limit, False)
+    return out
+
+
+def _scan_keys(cf: rocksdict.Rdict, lower: bytes, upper: bytes,
+               limit: int | None = None) -> list[bytes]:
+    """Up to `limit` keys of `cf` in [lower, upper), in key order; the values are not
+    read (an iterator reads them without the lock an in-place write holds)."""
+    out: list[bytes] = _scan_range(cf, lower, upper, limit, True)
+    return out
+
+
+def _scan_range(cf: rocksdict.Rdict, lower: bytes, upper: bytes, limit: int | None,
+                keys_only: bool) -> Any:
     read = _read_options(lower, upper)
     try:
-        items: Any = cf.items(from_key=lower, read_opt=read)
+        found: Any = (cf.keys(from_key=lower, read_opt=read) if keys_only
+                      else cf.items(from_key=lower, read_opt=read))
         try:
-            out: list[tuple[bytes, bytes]] = list(
-                items if limit is None else itertools.islice(items, limit))
+            out = list(found if limit is None else itertools.islice(found, limit))
         finally:
-            del items
+            del found
         if limit is None or len(out) < limit:
-            # The scan ended: at the bound, or at damage (rocksdict's items() cannot tell).
-            _check_end(cf, read, out[-1][0] + b"\x00" if out else lower)
+            # The scan ended: at the bound, or at damage (rocksdict's iteration cannot tell).
+            last = (out[-1] if keys_only else out[-1][0]) if out else None
+            _check_end(cf, read, last + b"\x00" if last is not None else lower)
         return out
     finally:
         del read
