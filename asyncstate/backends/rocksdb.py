@@ -171,6 +171,11 @@ def _directory(path: object) -> str:
     return name
 
 
+def _stored_kind(key: bytes, value: bytes) -> tuple[str, StateKind]:
+    """The state name and kind of a stored kind entry; ValueError when it is damaged."""
+    return key[len(_KIND_PREFIX):].decode(), StateKind(value.decode())
+
+
 def _stored_kinds(path: str) -> dict[str, StateKind]:
     """The kinds of the states stored in directory `path`, read through a read-only open
     (column family options are given when the database opens, and a value state's family
@@ -185,7 +190,8 @@ def _stored_kinds(path: str) -> dict[str, StateKind]:
     try:
         for key, value in _scan_items(db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
             with contextlib.suppress(ValueError):
-                kinds[key[len(_KIND_PREFIX):].decode()] = StateKind(value.decode())
+                name, kind = _stored_kind(key, value)
+                kinds[name] = kind
     except Exception:  # noqa: BLE001 - as above
         kinds.clear()
     finally:
@@ -301,8 +307,7 @@ class RocksDBBackend:
         assert db is not None
         for key, value in _scan_items(db, _KIND_PREFIX, _prefix_end(_KIND_PREFIX)):
             try:
-                name = key[len(_KIND_PREFIX):].decode()
-                kind = StateKind(value.decode())
+                name, kind = _stored_kind(key, value)
             except ValueError:
                 raise BackendError(
                     f"RocksDB directory {self._path!r} has a damaged state entry "

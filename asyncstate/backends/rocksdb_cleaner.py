@@ -39,8 +39,7 @@ import rocksdict
 
 from asyncstate.backends.rocksdb_batch import _StateHandle
 from asyncstate.backends.rocksdb_scan import _scan_keys
-from asyncstate.backends.rocksdb_ttl import _current, _forget, _timestamp
-from asyncstate.errors import InvalidStateError
+from asyncstate.backends.rocksdb_ttl import _current, _forget, _open_cf, _timestamp
 from asyncstate.log import get_logger
 from asyncstate.state.ttl.layout import MAX_TIMESTAMP, expiration
 from asyncstate.state.ttl.tracker import CleanupPass, TtlTracker
@@ -118,15 +117,11 @@ def scan(piece: Slice, limit: int = SLICE_ENTRIES) -> Slice:
 # a stored error's traceback would keep it alive).
 
 def _slice_keys(handle: _StateHandle, lower: bytes, limit: int) -> list[bytes]:
-    if handle.cf is None:
-        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
-    return _scan_keys(handle.cf, lower, _ALL_UPPER, limit)
+    return _scan_keys(_open_cf(handle), lower, _ALL_UPPER, limit)
 
 
 def _values_of(handle: _StateHandle, keys: list[bytes]) -> list[bytes | None]:
-    if handle.cf is None:
-        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
-    found: Any = handle.cf.get(keys)  # type: ignore[arg-type]
+    found: Any = _open_cf(handle).get(keys)  # type: ignore[arg-type]
     return list(found)
 
 

@@ -206,17 +206,22 @@ def apply_points(points: list[_TtlPoint], results: list[Any], effects: _Effects)
         results[p.index] = _answer(found, raw, p.contains)
 
 
+def _open_cf(handle: _StateHandle) -> rocksdict.Rdict:
+    """`handle`'s column family; InvalidStateError once the backend closed it. Use it in
+    an expression, not a local (a stored error's traceback would keep the family)."""
+    cf = handle.cf
+    if cf is None:
+        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
+    return cf
+
+
 def _scan(handle: _StateHandle, lower: bytes, upper: bytes, limit: int
           ) -> list[tuple[bytes, bytes]]:
-    if handle.cf is None:
-        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
-    return _scan_items(handle.cf, lower, upper, limit)
+    return _scan_items(_open_cf(handle), lower, upper, limit)
 
 
 def _get(handle: _StateHandle, key: bytes) -> bytes | None:
-    if handle.cf is None:
-        raise InvalidStateError(f"the RocksDB state {handle.name!r} is closed")
-    raw: bytes | None = handle.cf.get(key)
+    raw: bytes | None = _open_cf(handle).get(key)
     return _current(handle, key, raw)
 
 
