@@ -29,17 +29,21 @@ Where `answer` runs:
    batch goes to the backend in its order, and the batch is delivered once that part is.
 
 Bounded by entries, least recently used first out: a value entry counts 1, a list or map
-entry 1 plus its elements. Values are kept in stored form (scalars as they are, containers
-packed), so every hit hands out a fresh copy. `invalidate()` empties it (a restore calls it).
+entry 1 plus its elements. Once full, the cache admits a new entry only for a key it turned
+away before (`_admit`): keys that come once (a scan, a stream of new keys) neither push the
+hot entries out nor pay for an insertion and an eviction each. Values are kept in stored
+form (scalars as they are, containers packed), so every hit hands out a fresh copy.
+`invalidate()` empties it (a restore calls it).
 
 Write-back (`write_back=True`, at issue time only): a write of a value, reducing or
 aggregating state (or its clear) completes in the cache alone and marks the entry dirty;
-nothing goes to the backend then. A dirty entry reaches the backend as one write when it is
-evicted (the controller sends `take_evicted()` before any later request, so a read that
-misses after the eviction finds it in the backend) or when the operator drains
-(`take_writes()`: every dirty entry, which stays cached, clean), which a snapshot and a clean
-close do first. So a hot key's writes cost one backend write per eviction or drain, not one
-per record. List and map writes stay write-through.
+nothing goes to the backend then (a write the full cache does not admit writes through). A
+dirty entry reaches the backend as one write when it is evicted (the controller sends
+`take_evicted()` before any later request, so a read that misses after the eviction finds it
+in the backend) or when the operator drains (`take_writes()`: every dirty entry, which stays
+cached, clean), which a snapshot and a clean close do first. So a hot key's writes cost one
+backend write per eviction or drain, not one per record. List and map writes stay
+write-through.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ _Packed: Final = Packed  # compiled: Final alias
 _decode_value: Final = decode_value  # compiled: Final alias
 _packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # compiled: Final alias
 _SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes})
+# The full cache admits a key it turned away before among at least this many (see `_admit`).
+_SEEN_MIN: Final = 1024
 
 _T = StateRequestType
 _VALUE_GET: Final = _T.VALUE_GET  # compiled: Final alias
@@ -179,9 +185,10 @@ class StateCache:
 
     __slots__ = ("_absorb", "_bypass", "_chunk", "_deliver", "_dirty", "_entries", "_execute",
                  "_get", "_issue_time", "_last_key", "_last_key_bytes", "_last_name",
-                 "_last_namespace", "_mru", "_prefixes", "_reading", "_splits", "_stale",
-                 "_touch", "_weight", "capacity", "evicted", "evictions", "hits", "misses",
-                 "write_back", "write_backs")
+                 "_last_namespace", "_mru", "_prefixes", "_read_seen", "_reading",
+                 "_seen_limit", "_splits", "_stale", "_touch", "_weight", "_write_seen",
+                 "capacity", "evicted", "evictions", "hits", "misses", "refused", "write_back",
+                 "write_backs")
 
     def __init__(self, capacity: int, *, write_back: bool = False) -> None:
         if capacity < 1:
@@ -211,6 +218,10 @@ class StateCache:
         self._get: Callable[[EntryKey, Any], Any] = self._entries.get
         self._touch: Callable[[EntryKey], None] = self._entries.move_to_end
         self._weight = 0
+        # Hashes of the keys a full cache turned away (see `_admit`), by how they came.
+        self._read_seen: set[int] = set()
+        self._write_seen: set[int] = set()
+        self._seen_limit = max(capacity, _SEEN_MIN)
         # Reads of each entry on their way to the backend, and the entries written since one
         # of them was sent (their answers must not fill the cache).
         self._reading: dict[EntryKey, int] = {}
@@ -224,6 +235,7 @@ class StateCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.refused = 0  # new entries the full cache did not admit
 
     def __repr__(self) -> str:
         mode = "issue time" if self._issue_time else "trigger time"
@@ -458,29 +470,53 @@ class StateCache:
 
     # -- the entries -----------------------------------------------------------------------
 
-    def _put(self, key: EntryKey, entry: Any, weight: int) -> None:
-        """Cache `entry` (replacing what was there) as the most recently used."""
+    def _put(self, key: EntryKey, entry: Any, weight: int, filled: bool = False) -> bool:
+        """Cache `entry` (replacing what was there) as the most recently used; `filled`: it
+        is a read's answer, else a write's effect. False when it is not cached: too large,
+        or a new entry the full cache does not admit (see `_admit`)."""
         old = self._get(key, _UNKNOWN)
         if weight > self.capacity:  # too large to keep: forget it
             self._drop(key)
-            return
-        self._entries[key] = entry
+            return False
         if old is _UNKNOWN:
+            if self._weight + weight > self.capacity and not self._admit(key, filled):
+                return False
+            self._entries[key] = entry
             self._weight += weight
         else:
+            self._entries[key] = entry
             if key is not self._mru:
                 self._touch(key)
             self._weight += weight - self._weight_of(old)
         self._mru = key
         if self._weight > self.capacity:
             self._evict()
+        return True
 
-    def _put_value(self, key: EntryKey, entry: Any) -> None:
+    def _put_value(self, key: EntryKey, entry: Any, filled: bool = False) -> bool:
         """`_put` of a value kind's entry (weight 1, as any entry of its key)."""
         if key is self._mru:
             self._entries[key] = entry  # cached, at the most recent end already
-        else:
-            self._put(key, entry, 1)
+            return True
+        return self._put(key, entry, 1, filled)
+
+    def _admit(self, key: EntryKey, filled: bool) -> bool:
+        """Whether a new entry may push older ones out of the full cache: only when its key
+        was turned away before in the same way (a read's answer, or a write) among the last
+        `capacity` (at least `_SEEN_MIN`) keys turned away in that way. So a key that comes
+        once, read and then written by its record, displaces nothing; a key that comes again
+        is cached from its second read (or second write without a read) on. Keys are
+        remembered by hash: a collision only admits a key early."""
+        seen = self._read_seen if filled else self._write_seen
+        marker = hash(key)
+        if marker in seen:
+            seen.discard(marker)
+            return True
+        if len(seen) >= self._seen_limit:
+            seen.clear()
+        seen.add(marker)
+        self.refused += 1
+        return False
 
     def _grew(self, key: EntryKey, by: int) -> None:
         """The entry `key` (just used) grew by `by` elements."""
@@ -559,13 +595,14 @@ class StateCache:
             reading[key] = count - 1
         return not stale
 
-    def _map_entry(self, key: EntryKey) -> _MapEntry:
-        """The cached map of `key`, created (knowing nothing) if missing."""
+    def _map_entry(self, key: EntryKey, filled: bool = False) -> _MapEntry:
+        """The cached map of `key`, created (knowing nothing) if missing; the one created is
+        not cached when the cache does not admit it (`key not in self._entries`)."""
         entry = self._known(key)
         if type(entry) is _MapEntry:
             return entry
         created = _MapEntry(False, {})
-        self._put(key, created, 1)
+        self._put(key, created, 1, filled)
         return created
 
     # -- answering -------------------------------------------------------------------------
@@ -596,8 +633,8 @@ class StateCache:
             return None if entry is _ABSENT else _from_stored(entry)
         if t is _VALUE_UPDATE or t is _REDUCING_ADD or t is _AGGREGATING_ADD:
             self._written(key)
-            self._put_value(key, _ABSENT if payload is None else payload)
-            if self._absorb:
+            cached = self._put_value(key, _ABSENT if payload is None else payload)
+            if self._absorb and cached:
                 dirty = self._dirty
                 item = dirty.get(key)
                 if item is None or item[2] is not t or item[0] is not state:
@@ -608,9 +645,10 @@ class StateCache:
             return self._answer_read(key, t, payload)
         self._written(key)
         if self._absorb and t is _CLEAR and state.kind in _VALUE_KINDS:
-            self._put_value(key, _ABSENT)
-            self._dirty[key] = (state, key_group, _CLEAR, key_bytes, namespace)
-            return None
+            if self._put_value(key, _ABSENT):
+                self._dirty[key] = (state, key_group, _CLEAR, key_bytes, namespace)
+                return None
+            return BUFFERED
         self._write(key, t, payload, state.kind)
         return BUFFERED
 
@@ -714,15 +752,15 @@ class StateCache:
             return
         t = request.request_type
         if t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
-            self._put_value(key, _ABSENT if result is None else _to_stored(result))
+            self._put_value(key, _ABSENT if result is None else _to_stored(result), True)
         elif t is _LIST_GET:
             if type(result) is IteratorChunk and result.continuation is None:
                 elements = [_to_stored(x) for x in result.items]
-                self._put(key, elements, 1 + len(elements))
+                self._put(key, elements, 1 + len(elements), True)
         elif t is _MAP_GET or t is _MAP_CONTAINS:
             if t is _MAP_CONTAINS and result:
                 return  # present, but its value is not known
-            entry = self._map_entry(key)
+            entry = self._map_entry(key, True)
             if key not in self._entries:
                 return
             before = len(entry.items)
@@ -736,6 +774,6 @@ class StateCache:
         elif t is _MAP_ITER:
             if type(result) is IteratorChunk and result.continuation is None:
                 items = {canonical_key(k): _to_stored(v) for k, v in result.items}
-                self._put(key, _MapEntry(True, items), 1 + len(items))
+                self._put(key, _MapEntry(True, items), 1 + len(items), True)
         elif t is _MAP_IS_EMPTY and result is True:
-            self._put(key, _MapEntry(True, {}), 1)
+            self._put(key, _MapEntry(True, {}), 1, True)
