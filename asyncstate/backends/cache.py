@@ -502,11 +502,12 @@ class StateCache:
 
     def _admit(self, key: EntryKey, filled: bool) -> bool:
         """Whether a new entry may push older ones out of the full cache: only when its key
-        was turned away before in the same way (a read's answer, or a write) among the last
-        `capacity` (at least `_SEEN_MIN`) keys turned away in that way. So a key that comes
-        once, read and then written by its record, displaces nothing; a key that comes again
-        is cached from its second read (or second write without a read) on. Keys are
-        remembered by hash: a collision only admits a key early."""
+        was turned away before in the same way (a read's answer, or a write) and is still
+        remembered. Up to `capacity` (at least `_SEEN_MIN`) keys are remembered each way,
+        all forgotten at once when that many are. So a key that comes once, read and then
+        written by its record, displaces nothing; a key that comes again is cached from its
+        second read (or second write without a read) on. Keys are remembered by hash: a
+        collision only admits a key early."""
         seen = self._read_seen if filled else self._write_seen
         marker = hash(key)
         if marker in seen:
