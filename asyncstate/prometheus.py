@@ -15,10 +15,11 @@ name), `index` (the operator index) and any given to `add`::
         ...
 
 Names: counters ``asyncstate_<name>_total`` (records_in, records_done, batches, requests,
-slow_batches, cache_hits, cache_misses, cache_evictions, and blocked_seconds), gauges
-``asyncstate_<name>`` (in_flight, in_flight_peak, num_in_flight_records, active_buffer_size,
-blocking_buffer_size, num_blocking_keys, batches_in_executor, buffered_writes, max_batch_size,
-cache_entries, cache_hit_rate), histograms ``asyncstate_batch_size`` (requests per executor
+slow_batches, cache_hits, cache_misses, cache_evictions, cache_refused, and
+blocked_seconds), gauges ``asyncstate_<name>`` (in_flight, in_flight_peak,
+num_in_flight_records, active_buffer_size, blocking_buffer_size, num_blocking_keys,
+batches_in_executor, buffered_writes, max_batch_size, cache_entries, cache_hit_rate),
+histograms ``asyncstate_batch_size`` (requests per executor
 call) and ``asyncstate_request_latency_seconds`` (a request's time in the executor).
 """
 
@@ -58,6 +59,7 @@ _COUNTERS = {
     "cache_hits": "Reads the state cache answered.",
     "cache_misses": "Reads the state cache sent to the backend.",
     "cache_evictions": "Entries the state cache dropped to stay within its bound.",
+    "cache_refused": "New entries the full state cache did not admit (their keys came once).",
     "blocked_seconds": "Seconds process() waited for capacity (back-pressure).",
 }
 _GAUGES = {

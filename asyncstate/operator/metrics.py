@@ -2,8 +2,9 @@
 
 Counters (since the operator started): `records_in`, `records_done`, `batches` (executor
 calls), `requests` (state requests, sync points not counted), `slow_batches`, `cache_hits`,
-`cache_misses`, `cache_evictions`. Gauges (now): `in_flight` (records admitted and not
-finished: in the inbox or in flight), and Flink's `asyncStateProcessing` gauges under
+`cache_misses`, `cache_evictions`, `cache_refused` (new entries the full cache did not
+admit). Gauges (now): `in_flight` (records admitted and not finished: in the inbox or in
+flight), and Flink's `asyncStateProcessing` gauges under
 snake_case names: `num_in_flight_records` (records in flight in the controller),
 `active_buffer_size` (requests waiting for the next batch), `blocking_buffer_size`
 (requests waiting for their key), `num_blocking_keys`; `batches_in_executor`,
@@ -39,7 +40,7 @@ METRIC_NAMES = (
     "blocking_buffer_size", "num_blocking_keys", "batches_in_executor", "buffered_writes",
     "slow_batches",
     "batch_size", "request_latency_ms", "cache_entries", "cache_hits", "cache_misses",
-    "cache_evictions", "cache_hit_rate",
+    "cache_evictions", "cache_refused", "cache_hit_rate",
 )
 
 _EMPTY = Histogram()
@@ -54,6 +55,7 @@ def operator_metrics(controller: AsyncExecutionController | None,
     misses = sum(c.misses for c in caches)
     cache = {"cache_entries": sum(c.size for c in caches), "cache_hits": hits,
              "cache_misses": misses, "cache_evictions": sum(c.evictions for c in caches),
+             "cache_refused": sum(c.refused for c in caches),
              "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0}
     if controller is None or gate is None:
         return {"records_in": 0, "records_done": 0, "in_flight": 0, "in_flight_peak": 0,

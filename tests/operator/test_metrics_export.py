@@ -59,7 +59,7 @@ async def test_flink_gauges_follow_the_controller():
     sizes, latency = m["batch_size"], m["request_latency_ms"]
     assert sizes["count"] == m["batches"] and round(sizes["mean"] * sizes["count"]) == 10
     assert latency["count"] == 10  # one figure per request sent to the executor
-    assert m["cache_hits"] == m["cache_misses"] == m["cache_entries"] == 0
+    assert m["cache_hits"] == m["cache_misses"] == m["cache_entries"] == m["cache_refused"] == 0
 
 
 def test_every_request_is_answered_by_the_cache_or_sent_in_a_batch():
@@ -82,6 +82,8 @@ def test_every_request_is_answered_by_the_cache_or_sent_in_a_batch():
     assert metrics["cache_hit_rate"] == pytest.approx(
         cache.hits / (cache.hits + cache.misses))
     assert metrics["cache_entries"] == cache.size <= 20
+    # More keys than entries: the full cache turns some of them away.
+    assert metrics["cache_refused"] == cache.refused > 0
     sent = round(metrics["batch_size"]["mean"] * metrics["batch_size"]["count"])
     assert metrics["requests"] == 800 == metrics["cache_hits"] + sent
     assert metrics["request_latency_ms"]["count"] == sent
@@ -125,6 +127,8 @@ def test_prometheus_export_reads_the_operators_counters():
     assert after["asyncstate_records_done_total"] == {labels: 100.0}
     assert after["asyncstate_requests_total"] == {labels: float(m["requests"])}
     assert after["asyncstate_cache_hits_total"] == {labels: float(m["cache_hits"])}
+    assert m["cache_refused"] > 0  # ten keys through five entries
+    assert after["asyncstate_cache_refused_total"] == {labels: float(m["cache_refused"])}
     assert after["asyncstate_num_in_flight_records"] == {labels: 0.0}
     assert after["asyncstate_batch_size_count"] == {labels: float(m["batches"])}
     sent = m["requests"] - m["cache_hits"]
