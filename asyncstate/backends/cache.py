@@ -89,7 +89,7 @@ _Packed: Final = Packed  # compiled: Final alias
 _decode_value: Final = decode_value  # compiled: Final alias
 _packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack  # compiled: Final alias
 _SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes})
-# The full cache admits a key it turned away before among at least this many (see `_admit`).
+# The full cache remembers at least this many of the keys it turned away (see `_admit`).
 _SEEN_MIN: Final = 1024
 
 _T = StateRequestType
