@@ -1,4 +1,4 @@
-"""Demo job: per-user click statistics, the same job on the heap backend and through batching.
+"""Demo job: per-user click statistics, the same job on the heap backend and on RocksDB.
 
 Run with ``asyncstate demo`` or ``python -m asyncstate.demo`` (options: ``--records N``,
 ``--users U``, ``--seed S``, ``--backend heap|rocksdb|remote|all``). Each click updates three

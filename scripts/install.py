@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({PURE_PYTHON_ENV} is set: nothing to compile), about half a minute")
         else:
             say(f"{reason}: installing asyncstate and compiling the hot path with mypyc, "
-                "about a minute, longer on a busy machine (later runs reuse the install)")
+                "one to two minutes, longer on a busy machine (later runs reuse the install)")
         STAMP.unlink(missing_ok=True)  # an interrupted install is not current
         if not pip(["-e", target], "compiling" if not pure_python_wanted() else "installing"):
             return 1
