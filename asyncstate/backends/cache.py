@@ -67,7 +67,7 @@ from asyncstate.runtime.requests import (
 )
 from asyncstate.serde import canonical_key, decode_key, decode_value
 
-__all__ = ["BUFFERED", "MISS", "StateCache"]
+__all__ = ["BUFFERED", "MISS", "WRITE_BACK_WITHOUT_CACHE", "StateCache"]
 
 
 class _Marker:
@@ -79,6 +79,10 @@ class _Marker:
     def __repr__(self) -> str:
         return self.name
 
+
+# The rule a backend's `cache_write_back=True` without `cache_entries` breaks.
+WRITE_BACK_WITHOUT_CACHE: Final = ("False when cache_entries is 0 (write-back is a mode of the "
+                                   "state cache: give cache_entries > 0 too)")
 
 MISS: Final = _Marker("MISS")  # `answer`: a read the backend answers
 BUFFERED: Final = _Marker("BUFFERED")  # `answer`: a write, cached, that goes on to the backend

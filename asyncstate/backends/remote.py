@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asyncstate.backends.base import ExecutorBinding, StateExecutor
-from asyncstate.backends.cache import StateCache
+from asyncstate.backends.cache import WRITE_BACK_WITHOUT_CACHE, StateCache
 from asyncstate.errors import ConfigError, InjectedFailure, InvalidStateError
 from asyncstate.histogram import Histogram
 from asyncstate.runtime.requests import StateKind, StateRequest
@@ -86,6 +86,8 @@ class SimulatedRemoteBackend:
             raise ConfigError("cache_entries", cache_entries, "an int >= 0")
         if type(cache_write_back) is not bool:
             raise ConfigError("cache_write_back", cache_write_back, "True or False")
+        if cache_write_back and not cache_entries:
+            raise ConfigError("cache_write_back", True, WRITE_BACK_WITHOUT_CACHE)
         if isinstance(failure_probability, bool) or \
                 not isinstance(failure_probability, (int, float)) or \
                 not 0.0 <= failure_probability <= 1.0:

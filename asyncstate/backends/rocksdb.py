@@ -42,7 +42,7 @@ from typing import Any
 import rocksdict
 
 from asyncstate.backends.base import ExecutorBinding
-from asyncstate.backends.cache import StateCache
+from asyncstate.backends.cache import WRITE_BACK_WITHOUT_CACHE, StateCache
 from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _overlaps, _plan, _StateHandle
 from asyncstate.backends.rocksdb_cleaner import BackgroundCleaner
 from asyncstate.backends.rocksdb_layout import (
@@ -227,6 +227,8 @@ class RocksDBBackend:
         cache_entries = check_int("cache_entries", cache_entries, 0)
         if type(cache_write_back) is not bool:
             raise ConfigError("cache_write_back", cache_write_back, "True or False")
+        if cache_write_back and not cache_entries:
+            raise ConfigError("cache_write_back", True, WRITE_BACK_WITHOUT_CACHE)
         self._cache: StateCache | None = StateCache(
             cache_entries, write_back=cache_write_back) if cache_entries else None
         if options is None:

@@ -557,3 +557,15 @@ async def test_write_backs_of_evicted_entries_stay_within_max_in_flight(tmp_path
 def test_cache_write_back_must_be_a_bool(make):
     with pytest.raises(ast.ConfigError, match="cache_write_back"):
         make("yes")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0, cache_write_back=True),
+    lambda: ast.RocksDBBackend("unused", cache_entries=0, cache_write_back=True)])
+def test_write_back_without_a_cache_is_refused(make):
+    # Without the error the backend would run with no cache at all, writes not held back.
+    with pytest.raises(ast.ConfigError, match=r"^cache_write_back must be False when "
+                       r"cache_entries is 0 \(write-back is a mode of the state cache: give "
+                       r"cache_entries > 0 too\), got True$") as info:
+        make()
+    assert info.value.option == "cache_write_back"
