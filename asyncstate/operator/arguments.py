@@ -162,6 +162,12 @@ def check_run_backends(backend: object, parallelism: int) -> list[StateExecutor 
     if not callable(backend):
         raise TypeError(f"backend must be a state backend, a factory of backends or None, "
                         f"got {type(backend).__name__}")
+    if isinstance(backend, type) and callable(getattr(backend, "execute_batch", None)):
+        raise TypeError(
+            f"backend must be a state backend object or a factory function, got the class "
+            f"{backend.__name__}: pass {backend.__name__}(...) (e.g. "
+            f"ast.RocksDBBackend('state')), or, to build one per operator, e.g. "
+            f"backend=lambda i: ast.RocksDBBackend(f'state-{{i}}')")
     factory: Callable[[int], object] = backend
     return [check_backend(factory(i), f"backend({i})") for i in range(parallelism)]
 

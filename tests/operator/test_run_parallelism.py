@@ -89,6 +89,16 @@ def test_a_backend_object_cannot_serve_several_operators() -> None:
         ast.run(Count, RECORDS, key_selector=key, parallelism=2, backend=ast.HeapBackend())
 
 
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_a_backend_class_is_refused_naming_what_to_pass(parallelism: int) -> None:
+    # Called as a factory, the class would get the operator index as its first argument
+    # (RocksDBBackend's path), and fail with an error about that argument instead.
+    with pytest.raises(TypeError, match=r"^backend must be a state backend object or a factory "
+                       r"function, got the class RocksDBBackend: pass RocksDBBackend\(\.\.\.\)"):
+        ast.run(Count, RECORDS, key_selector=key, parallelism=parallelism,
+                backend=ast.RocksDBBackend)
+
+
 def test_a_backend_factory_is_called_once_per_operator_index() -> None:
     made: list[int] = []
 
