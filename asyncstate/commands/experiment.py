@@ -175,7 +175,8 @@ def _run(args: argparse.Namespace) -> int:
     with progress:
         run_grid(grid, runs, starting=starting, progress=live)
         progress.update(task, completed=len(runs), description="done", live="", refresh=True)
-    out_console = Console(width=max(Console().width, 160)) if not sys.stdout.isatty() \
+    # Into a file or a pipe, the table takes its natural width: nothing is cut to fit.
+    out_console = Console(width=max(Console().width, 400)) if not sys.stdout.isatty() \
         else Console()
     out_console.print(report.table(runs))
     command = " ".join(["asyncstate", *sys.argv[1:]]) if sys.argv else "asyncstate"
