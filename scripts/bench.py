@@ -730,6 +730,12 @@ def tree_bytes(directory: str | os.PathLike[str]) -> int:
     return sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file())
 
 
+def inplace_field(args: argparse.Namespace) -> dict[str, bool]:
+    """RocksDBOptions' `inplace_updates` as `--inplace-updates` sets it (none: the option's
+    default)."""
+    return {} if args.inplace_updates is None else {"inplace_updates": args.inplace_updates == "on"}
+
+
 def _ratio_text(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio is not None else "-"
 
@@ -749,8 +755,7 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
         "write_buffer_bytes": args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES}
     if args.memtable_bloom_ratio is not None:  # otherwise the option's default
         option_fields["memtable_bloom_ratio"] = args.memtable_bloom_ratio
-    if args.inplace_updates is not None:  # otherwise the option's default
-        option_fields["inplace_updates"] = args.inplace_updates == "on"
+    option_fields |= inplace_field(args)
     try:
         rocksdb_options = ast.RocksDBOptions(**option_fields)
     except ast.ConfigError as exc:
@@ -2019,8 +2024,7 @@ def ttl(bench: Bench) -> dict[str, Any]:
     choose = sample_chooser(keys, n_keys, args.seed, PROBE_PRESENT, PROBE_ABSENT)
     options = ast.RocksDBOptions(
         write_buffer_bytes=args.write_buffer_bytes or ROCKSDB_WRITE_BUFFER_BYTES,
-        **({} if args.inplace_updates is None
-           else {"inplace_updates": args.inplace_updates == "on"}))
+        **inplace_field(args))
     heap_config = bench.config()
     rocksdb_config = bench.config(batch_size=ROCKSDB_BATCH_SIZE,
                                   max_in_flight=ROCKSDB_MAX_IN_FLIGHT)

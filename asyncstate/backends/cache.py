@@ -55,6 +55,7 @@ from typing import Any, Final
 import msgpack
 
 from asyncstate.backends.base import BatchDelivery, ExecutorBinding
+from asyncstate.errors import ConfigError
 from asyncstate.packed import Packed
 from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.future import StateFuture
@@ -67,7 +68,7 @@ from asyncstate.runtime.requests import (
 )
 from asyncstate.serde import canonical_key, decode_key, decode_value
 
-__all__ = ["BUFFERED", "MISS", "WRITE_BACK_WITHOUT_CACHE", "StateCache"]
+__all__ = ["BUFFERED", "MISS", "StateCache", "backend_cache"]
 
 
 class _Marker:
@@ -79,10 +80,6 @@ class _Marker:
     def __repr__(self) -> str:
         return self.name
 
-
-# The rule a backend's `cache_write_back=True` without `cache_entries` breaks.
-WRITE_BACK_WITHOUT_CACHE: Final = ("False when cache_entries is 0 (write-back is a mode of the "
-                                   "state cache: give cache_entries > 0 too)")
 
 MISS: Final = _Marker("MISS")  # `answer`: a read the backend answers
 BUFFERED: Final = _Marker("BUFFERED")  # `answer`: a write, cached, that goes on to the backend
@@ -177,6 +174,21 @@ class _Split:
         self.sent = sent
         self.results = results
         self.slots = slots
+
+
+def backend_cache(cache_entries: int, cache_write_back: object) -> StateCache | None:
+    """The state cache of a backend's `cache_entries` (checked by the backend: an int >= 0)
+    and `cache_write_back`; None without entries. ConfigError when `cache_write_back` is no
+    bool, or True without a cache."""
+    if type(cache_write_back) is not bool:
+        raise ConfigError("cache_write_back", cache_write_back, "True or False")
+    if not cache_entries:
+        if cache_write_back:
+            raise ConfigError("cache_write_back", True, "False when cache_entries is 0 "
+                              "(write-back is a mode of the state cache: give cache_entries "
+                              "> 0 too)")
+        return None
+    return StateCache(cache_entries, write_back=cache_write_back)
 
 
 class StateCache:

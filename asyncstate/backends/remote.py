@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asyncstate.backends.base import ExecutorBinding, StateExecutor
-from asyncstate.backends.cache import WRITE_BACK_WITHOUT_CACHE, StateCache
+from asyncstate.backends.cache import StateCache, backend_cache
 from asyncstate.errors import ConfigError, InjectedFailure, InvalidStateError
 from asyncstate.histogram import Histogram
 from asyncstate.runtime.requests import StateKind, StateRequest
@@ -84,10 +84,7 @@ class SimulatedRemoteBackend:
             raise ConfigError("io_parallelism", io_parallelism, "an int >= 1")
         if type(cache_entries) is not int or cache_entries < 0:
             raise ConfigError("cache_entries", cache_entries, "an int >= 0")
-        if type(cache_write_back) is not bool:
-            raise ConfigError("cache_write_back", cache_write_back, "True or False")
-        if cache_write_back and not cache_entries:
-            raise ConfigError("cache_write_back", True, WRITE_BACK_WITHOUT_CACHE)
+        cache = backend_cache(cache_entries, cache_write_back)
         if isinstance(failure_probability, bool) or \
                 not isinstance(failure_probability, (int, float)) or \
                 not 0.0 <= failure_probability <= 1.0:
@@ -114,8 +111,7 @@ class SimulatedRemoteBackend:
         self._sigma = math.log(p99 / latency) / _Z99 if p99 is not None else 0.0
         self._random = random.Random(seed)
         self.cache_write_back = cache_write_back
-        self._cache = StateCache(cache_entries, write_back=cache_write_back) \
-            if cache_entries else None
+        self._cache: StateCache | None = cache
         self._binding: ExecutorBinding | None = None
         self._deliver_up: Any = None
         self._pool: ThreadPoolExecutor | None = None

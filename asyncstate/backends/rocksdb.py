@@ -42,8 +42,15 @@ from typing import Any
 import rocksdict
 
 from asyncstate.backends.base import ExecutorBinding
-from asyncstate.backends.cache import WRITE_BACK_WITHOUT_CACHE, StateCache
-from asyncstate.backends.rocksdb_batch import _Cursor, _Job, _overlaps, _plan, _StateHandle
+from asyncstate.backends.cache import StateCache, backend_cache
+from asyncstate.backends.rocksdb_batch import (
+    _VALUE_KINDS,
+    _Cursor,
+    _Job,
+    _overlaps,
+    _plan,
+    _StateHandle,
+)
 from asyncstate.backends.rocksdb_cleaner import BackgroundCleaner
 from asyncstate.backends.rocksdb_layout import (
     _CF_PREFIX,
@@ -111,8 +118,6 @@ _MIN_PART_KEYS = 2048
 DEFAULT_INLINE_READ_KEYS = 16
 _RESTORE_BATCH_ENTRIES = 100_000
 _TIMER_PLACES = ("rocksdb", "heap")
-# States stored one entry per (key, namespace), written with puts and point deletes only.
-_VALUE_KINDS = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
 # Longest the loop thread blocks to hand the GIL to an idle I/O thread (see _start_reads).
 _HANDOVER_SECONDS = 0.001
 
@@ -225,12 +230,7 @@ class RocksDBBackend:
         io_parallelism = check_int("io_parallelism", io_parallelism, 1, _MAX_IO_PARALLELISM)
         inline_read_keys = check_int("inline_read_keys", inline_read_keys, 0)
         cache_entries = check_int("cache_entries", cache_entries, 0)
-        if type(cache_write_back) is not bool:
-            raise ConfigError("cache_write_back", cache_write_back, "True or False")
-        if cache_write_back and not cache_entries:
-            raise ConfigError("cache_write_back", True, WRITE_BACK_WITHOUT_CACHE)
-        self._cache: StateCache | None = StateCache(
-            cache_entries, write_back=cache_write_back) if cache_entries else None
+        self._cache: StateCache | None = backend_cache(cache_entries, cache_write_back)
         if options is None:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):

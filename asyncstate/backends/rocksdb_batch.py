@@ -34,6 +34,7 @@ _T: Final = StateRequestType  # compiled: Final alias
 # Bound once: CPython 3.11 compiles `name.method(...)` on an imported name as a plain attribute
 # load (the fast path for modules), so `_SEQ.pack(seq)` would build a bound method per call.
 _pack_seq: Final = _SEQ.pack  # compiled: Final alias
+# States stored one entry per (key, namespace), written with puts and point deletes only.
 _VALUE_KINDS: Final = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
 _TtlRead: Final = TtlRead  # compiled: Final alias
 _TtlValue: Final = TtlValue  # compiled: Final alias
