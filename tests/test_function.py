@@ -342,6 +342,19 @@ async def test_get_state_with_the_wrong_descriptor_type_names_both_types(method,
         await open_declaring(lambda ctx: getattr(ctx, method)(descriptor))
 
 
+@pytest.mark.parametrize("method", ["get_state", "get_list_state", "get_map_state",
+                                    "get_reducing_state", "get_aggregating_state"])
+def test_declaring_a_state_on_a_records_context_names_the_state_and_open(method):
+    class DeclaresPerRecord(ast.KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            getattr(ctx, method)(ast.ValueStateDescriptor("seen"))
+
+    with pytest.raises(ast.InvalidStateError,
+                       match=rf"^ctx\.{method}\(\) was called on a record's context, for "
+                             r"state 'seen': states are declared in open\(ctx\)"):
+        ast.run(DeclaresPerRecord(), [1, 2], key_selector=lambda v: v)
+
+
 @pytest.mark.parametrize(("first", "second", "first_kind", "second_kind"), [
     (lambda ctx: ctx.get_state(ast.ValueStateDescriptor("x")),
      lambda ctx: ctx.get_list_state(ast.ListStateDescriptor("x")), "value", "list"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from asyncstate.errors import InvalidStateError
 
@@ -180,3 +180,30 @@ class RecordContext:
         """In on_timer: the namespace the firing timer was registered with (None: the
         default); None outside on_timer."""
         return self._check().timer_namespace_for(self)
+
+    # States are declared once, in open(): a record's context cannot create them. These
+    # name the place instead of failing with a bare AttributeError.
+
+    def get_state(self, descriptor: Any) -> NoReturn:
+        _declare_in_open("get_state", descriptor)
+
+    def get_list_state(self, descriptor: Any) -> NoReturn:
+        _declare_in_open("get_list_state", descriptor)
+
+    def get_map_state(self, descriptor: Any) -> NoReturn:
+        _declare_in_open("get_map_state", descriptor)
+
+    def get_reducing_state(self, descriptor: Any) -> NoReturn:
+        _declare_in_open("get_reducing_state", descriptor)
+
+    def get_aggregating_state(self, descriptor: Any) -> NoReturn:
+        _declare_in_open("get_aggregating_state", descriptor)
+
+
+def _declare_in_open(method: str, descriptor: Any) -> NoReturn:
+    name = getattr(descriptor, "name", None)
+    state = f"state {name!r}" if isinstance(name, str) else "a state"
+    raise InvalidStateError(
+        f"ctx.{method}() was called on a record's context, for {state}: states are declared "
+        f"in open(ctx), on the runtime context it receives (self.s = ctx.{method}(...)), "
+        "and used from process_element and on_timer through that attribute")
