@@ -224,6 +224,23 @@ def test_uncommitted_part_is_reported_as_incomplete(copy: Path) -> None:
     assert "  parts on disk: part-2-0 (committed), part-2-1 (never committed)" in proc.stdout
 
 
+def test_parts_of_an_unfinished_rewrite_at_another_parallelism_are_reported_left_out(
+        copy: Path) -> None:
+    from asyncstate.checkpoint.writer import write_part
+    write_part(str(copy), parallelism=4, operator_index=0, max_parallelism=128, states={},
+               key_groups=[])
+    status, report, _ = inspect_json(copy)
+    assert status == 0
+    assert [p["name"] for p in report["parts"]] == ["part-2-0", "part-2-1"]
+    assert report["superseded_parts"] == ["part-4-0"]
+    assert {name: {k: v for k, v in s.items() if k != "bytes"}
+            for name, s in report["states"].items()} == expected_states()
+    proc = asyncstate_cmd("checkpoint", "inspect", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert "  left out: part-4-0 (of a run the checkpoint id was written again over, at " \
+           "another parallelism)\n" in proc.stdout
+
+
 def test_missing_part_directory_is_reported(copy: Path) -> None:
     shutil.rmtree(copy / "part-2-0")
     status, report, _ = inspect_json(copy)

@@ -62,6 +62,8 @@ def _read_regular_file(path: str, limit: int = _MAX_MANIFEST_BYTES) -> bytes:
                           f"({limit})")
         return f.read(limit + 1)
 
+# Canonical part names only (no leading zeros), so one part has one directory name.
+_PART_RE = re.compile(r"part-(0|[1-9][0-9]{0,4})-(0|[1-9][0-9]{0,4})")
 # Data file names are plain names inside the part directory: no separators, no "..".
 _DATA_RE = re.compile(r"data-[0-9A-Za-z_-]{1,128}\.bin")
 
@@ -105,6 +107,7 @@ class PartManifest:
     extra: dict[str, Any]
     attempt: str
     state_ttl: dict[str, str] = dataclasses.field(default_factory=dict)
+    written_at: float | None = None  # the writer's clock (s) just before its commit
 
     @property
     def name(self) -> str:

@@ -1,10 +1,11 @@
 """`open_checkpoint` and `Checkpoint`: open a checkpoint, check it, and read its key groups.
 
 `open_checkpoint` reads every part manifest, checks format version, max_parallelism, that the
-parts cover every key group exactly once, and that no manifest names a file outside its part
-directory. Reading a key group checks its size and checksum before decoding anything. Restore
-decodes only JSON and msgpack (never pickle): a damaged or hostile checkpoint can fail a
-restore with `CheckpointError`, not run code.
+parts cover every key group exactly once (or, after a rewrite of the checkpoint id at another
+parallelism, which of the complete sets of parts is the checkpoint), and that no manifest
+names a file outside its part directory. Reading a key group checks its size and checksum
+before decoding anything. Restore decodes only JSON and msgpack (never pickle): a damaged or
+hostile checkpoint can fail a restore with `CheckpointError`, not run code.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import math
 import os
-import re
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, BinaryIO, NoReturn
@@ -22,6 +23,7 @@ import msgpack
 
 from asyncstate.checkpoint.layout import (
     _DATA_RE,
+    _PART_RE,
     DATA_MAGIC,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -38,8 +40,6 @@ from asyncstate.keygroups import KeyGroupRange, compute_key_group_range_for_oper
 
 __all__ = ["Checkpoint", "open_checkpoint"]
 
-# Canonical part names only (no leading zeros), so one part has one directory name.
-_PART_RE = re.compile(r"part-(0|[1-9][0-9]{0,4})-(0|[1-9][0-9]{0,4})")
 _CRC_MAX = 2**32
 _MAX_RECORDS = 2**32 - 1  # the most elements a msgpack array holds
 
@@ -186,12 +186,16 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
     attempt = obj.get("attempt")
     if type(attempt) is not str:
         m.fail(f"has an invalid 'attempt': {attempt!r}")
+    written_at: float | None = None  # orders the parts of two runs (else their mtimes do)
+    stamp = obj.get("written_at")
+    if isinstance(stamp, (int, float)) and type(stamp) is not bool and math.isfinite(stamp):
+        written_at = float(stamp)
     part = PartManifest(
         path=part_dir, format_version=FORMAT_VERSION, max_parallelism=max_p,
         parallelism=parallelism, operator_index=operator_index, key_group_range=kg_range,
         states=dict(states), data_file=str(data_file), data_size=data_size,
         key_groups=key_groups, extra_entry=extra_entry, extra={},
-        attempt=attempt, state_ttl=dict(state_ttl))
+        attempt=attempt, state_ttl=dict(state_ttl), written_at=written_at)
     return dataclasses.replace(part, extra=_read_extra(part))
 
 
@@ -238,14 +242,18 @@ class Checkpoint:
 
     `parts` are ordered by key group (so by operator index); `states` is the union of every
     part's state kinds, `state_ttl` of their TTL time domains (the states stored with
-    timestamps); `extras` lists each part's extra dict in the same order.
+    timestamps); `extras` lists each part's extra dict in the same order. `superseded`
+    names the committed parts left out (of a run the checkpoint id was written again over).
     """
 
-    __slots__ = ("_starts", "max_parallelism", "parts", "path", "state_ttl", "states")
+    __slots__ = ("_starts", "max_parallelism", "parts", "path", "state_ttl", "states",
+                 "superseded")
 
     def __init__(self, path: str, max_parallelism: int, parts: list[PartManifest],
-                 states: dict[str, str], state_ttl: dict[str, str] | None = None) -> None:
+                 states: dict[str, str], state_ttl: dict[str, str] | None = None,
+                 superseded: list[str] | None = None) -> None:
         self.path = path
+        self.superseded = tuple(superseded or ())
         self.max_parallelism = max_parallelism
         self.parts = tuple(sorted(parts, key=lambda p: p.key_group_range.start))
         self.states = states
@@ -258,7 +266,9 @@ class Checkpoint:
 
     @property
     def parallelism(self) -> int:
-        """The parallelism the checkpoint was written with (its number of parts)."""
+        """Its number of parts: the parallelism it was written with (parts written at
+        different parallelisms may also form a checkpoint, when they cover every key group
+        once)."""
         return len(self.parts)
 
     @property
@@ -408,6 +418,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                               path=root)
     real_root = os.path.realpath(root)
     parts: list[PartManifest] = []
+    committed_at: dict[str, float] = {}  # part name -> its manifest's mtime (s)
     uncommitted: list[str] = []
     try:
         names = sorted(os.listdir(root))
@@ -421,7 +432,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             continue
         manifest_path = os.path.join(part_dir, MANIFEST_NAME)
         try:
-            os.lstat(manifest_path)
+            committed_at[name] = os.lstat(manifest_path).st_mtime
         except FileNotFoundError:
             uncommitted.append(name)
             continue
@@ -435,21 +446,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(
             f"checkpoint {root!r} has no committed part (no part-*/{MANIFEST_NAME}){hint}",
             path=root)
-    max_ps = {p.max_parallelism for p in parts}
-    if len(max_ps) > 1:
-        described = ", ".join(f"{p.name}: {p.max_parallelism}" for p in parts)
-        raise CheckpointError(
-            f"checkpoint {root!r} mixes parts written with different max_parallelism "
-            f"({described})", path=root)
-    max_p = max_ps.pop()
-    _check_coverage(root, parts, max_p, uncommitted)
-    if len({p.parallelism for p in parts}) > 1:
-        # They tile the key groups, but come from runs at different parallelisms (a run
-        # that crashed, then a rerun of the same id at another parallelism).
-        raise CheckpointError(
-            f"checkpoint {root!r} mixes parts written at different parallelisms "
-            f"({', '.join(p.name for p in parts)}): a checkpoint id written again at another "
-            f"parallelism is not a checkpoint", path=root)
+    parts, superseded = _choose_parts(root, parts, committed_at, uncommitted)
+    max_p = parts[0].max_parallelism
     states: dict[str, str] = {}
     for p in parts:
         for state, kind in p.states.items():
@@ -470,11 +468,50 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         layout = layouts.pop() if layouts else None
         if layout is not None:
             state_ttl[state] = layout
-    return Checkpoint(root, max_p, parts, states, state_ttl)
+    return Checkpoint(root, max_p, parts, states, state_ttl, superseded)
 
 
-def _check_coverage(root: str, parts: list[PartManifest], max_p: int,
-                    uncommitted: list[str]) -> None:
+def _choose_parts(root: str, parts: list[PartManifest], committed_at: dict[str, float],
+                  uncommitted: list[str]) -> tuple[list[PartManifest], list[str]]:
+    """The committed parts that form the checkpoint, and the names of those left out.
+
+    Every part, when they share one max_parallelism and cover every key group exactly once
+    (at one parallelism, or at several). Otherwise, when the parts of one parallelism (and
+    max_parallelism) do, those: the checkpoint id was written again at another parallelism
+    and the parts of the other run are superseded, or the rewrite has not finished (or
+    crashed) and the parts it committed so far are not a checkpoint yet. When several sets
+    are complete, the one whose last part was committed last (by the writer's clock, which
+    its manifest records, else by the manifest's mtime). Otherwise CheckpointError naming
+    what is missing or overlapping."""
+    max_ps = {p.max_parallelism for p in parts}
+    if len(max_ps) == 1 and _coverage_problem(root, parts, max_ps.pop(), uncommitted) is None:
+        return parts, []
+    runs: dict[tuple[int, int], list[PartManifest]] = {}
+    for p in parts:
+        runs.setdefault((p.max_parallelism, p.parallelism), []).append(p)
+    complete = [run for (max_p, _n), run in runs.items()
+                if _coverage_problem(root, run, max_p, []) is None]
+    if complete:
+        def last_commit(run: list[PartManifest]) -> float:
+            return max(committed_at[p.name] if p.written_at is None else p.written_at
+                       for p in run)
+
+        chosen = max(complete, key=last_commit)
+        names = {p.name for p in chosen}
+        return chosen, sorted(p.name for p in parts if p.name not in names)
+    if len(max_ps) > 1:
+        described = ", ".join(f"{p.name}: {p.max_parallelism}" for p in parts)
+        raise CheckpointError(
+            f"checkpoint {root!r} mixes parts written with different max_parallelism "
+            f"({described})", path=root)
+    problem = _coverage_problem(root, parts, parts[0].max_parallelism, uncommitted)
+    assert problem is not None
+    raise problem
+
+
+def _coverage_problem(root: str, parts: list[PartManifest], max_p: int,
+                      uncommitted: list[str]) -> CheckpointError | None:
+    """The error saying how `parts` fail to cover every key group exactly once, or None."""
     owner: list[PartManifest | None] = [None] * max_p
     overlaps: dict[tuple[str, str], list[int]] = {}
     for p in parts:
@@ -486,7 +523,7 @@ def _check_coverage(root: str, parts: list[PartManifest], max_p: int,
                 owner[kg] = p
     if overlaps:
         (a, b), kgs = next(iter(overlaps.items()))
-        raise CheckpointError(
+        return CheckpointError(
             f"checkpoint {root!r} has overlapping parts: key groups {_ranges(kgs)} are covered "
             f"by both {a} and {b}", path=root)
     missing = [kg for kg, p in enumerate(owner) if p is None]
@@ -500,6 +537,7 @@ def _check_coverage(root: str, parts: list[PartManifest], max_p: int,
             hint = f"; missing part {', '.join(names)}"
         if uncommitted:
             hint += f" ({', '.join(uncommitted)} never committed: its writer did not finish)"
-        raise CheckpointError(
+        return CheckpointError(
             f"checkpoint {root!r} is incomplete: key groups {_ranges(missing)} are not covered "
             f"by any committed part{hint}", path=root)
+    return None

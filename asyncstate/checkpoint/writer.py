@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import time
 import uuid
 import zlib
@@ -30,6 +31,7 @@ import msgpack
 
 from asyncstate.checkpoint.layout import (
     _DATA_RE,
+    _PART_RE,
     DATA_MAGIC,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -45,7 +47,7 @@ from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.keygroups import compute_key_group_range_for_operator_index
 from asyncstate.runtime.requests import StateKind
 
-__all__ = ["DEFAULT_STALE_AFTER_S", "PackedRecords", "write_part"]
+__all__ = ["DEFAULT_STALE_AFTER_S", "PackedRecords", "remove_superseded_parts", "write_part"]
 
 DEFAULT_STALE_AFTER_S = 600.0
 
@@ -371,3 +373,30 @@ def _remove_stale(part_dir: str, keep: str, stale_after_s: float) -> None:
         with contextlib.suppress(OSError):
             if now - os.stat(path).st_mtime >= stale_after_s:
                 os.unlink(path)
+
+
+def remove_superseded_parts(checkpoint: str, parallelism: int) -> list[str]:
+    """Once every part of a run at `parallelism` is committed: remove the parts of checkpoint
+    directory `checkpoint` written at other parallelisms (a run the checkpoint id was written
+    over), which the reader leaves out anyway. Returns the names removed. Each part's manifest
+    goes first, so a removal cut short leaves an uncommitted directory, never a committed part
+    without its data file."""
+    removed: list[str] = []
+    try:
+        names = sorted(os.listdir(checkpoint))
+    except OSError:
+        return removed
+    for name in names:
+        match = _PART_RE.fullmatch(name)
+        if match is None or int(match[1]) == parallelism:
+            continue
+        part_dir = os.path.join(checkpoint, name)
+        try:
+            os.remove(os.path.join(part_dir, MANIFEST_NAME))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue  # left in place: the reader still leaves it out
+        shutil.rmtree(part_dir, ignore_errors=True)
+        removed.append(name)
+    return removed

@@ -8,7 +8,8 @@ decodes the state entries to count them per state. It reports:
   parts do not form one complete, consistent checkpoint: a part is missing or never
   committed, parts overlap, a manifest is unreadable) or ``damaged`` (a data file does not
   match its manifest), with what is wrong;
-- the parts: key group range, non-empty key groups, records, data file and size;
+- the parts: key group range, non-empty key groups, records, data file and size, and the
+  committed parts left out (of a run the checkpoint id was written again over);
 - per state: kind, key groups holding it, entries (one per key and namespace), elements of
   list and map states, and bytes (the entries' encoded size);
 - the operator (non-keyed) state: name, redistribution mode, elements.
@@ -103,7 +104,8 @@ def inspect_checkpoint(path: str, progress: Callable[[str], None] = lambda _m: N
     report: dict[str, Any] = {
         "path": path, "status": "invalid", "problem": None, "max_parallelism": None,
         "parallelism": None, "checksums_verified": False, "parts": [],
-        "parts_on_disk": _parts_on_disk(path), "states": {}, "operator_state": {},
+        "parts_on_disk": _parts_on_disk(path), "superseded_parts": [], "states": {},
+        "operator_state": {},
     }
     progress(f"opening {path}")
     try:
@@ -118,6 +120,7 @@ def inspect_checkpoint(path: str, progress: Callable[[str], None] = lambda _m: N
     report["max_parallelism"] = checkpoint.max_parallelism
     report["parallelism"] = checkpoint.parallelism
     report["parts"] = [_part(p) for p in checkpoint.parts]
+    report["superseded_parts"] = list(checkpoint.superseded)
     try:
         report["operator_state"] = _operator_state(checkpoint)
         progress(f"verifying the checksums of {checkpoint.parallelism} part(s)")
@@ -217,6 +220,9 @@ def _render(report: dict[str, Any]) -> list[str]:
             lines.append(f"  {p['name']:<15} {f'{start}..{end}':>10} "
                          f"{p['non_empty_key_groups']:>10,} {p['records']:>10,} "
                          f"{p['data_bytes']:>12,}  {p['data_file']}")
+        if report["superseded_parts"]:
+            lines.append(f"  left out: {', '.join(report['superseded_parts'])} (of a run the "
+                         "checkpoint id was written again over, at another parallelism)")
     elif report["parts_on_disk"]:
         found = ", ".join(f"{d['name']} ({'committed' if d['committed'] else 'never committed'})"
                           for d in report["parts_on_disk"])

@@ -17,6 +17,7 @@ from typing import Any
 
 from asyncstate.backends.base import StateExecutor
 from asyncstate.backends.heap import HeapBackend
+from asyncstate.checkpoint.writer import remove_superseded_parts
 from asyncstate.clock import Clock
 from asyncstate.config import AsyncStateConfig
 from asyncstate.errors import InvalidStateError
@@ -106,7 +107,10 @@ async def _run(operators: list[KeyedOperator], records: Iterable[Any],
         await _settle(operators)
         if checkpoint is not None:
             for operator in operators:
-                await operator.snapshot(*checkpoint)
+                path = await operator.snapshot(*checkpoint)
+            # Every part of this run is committed: parts of an earlier run of the same id at
+            # another parallelism are superseded (the reader leaves them out already).
+            remove_superseded_parts(path, len(operators))
     except BaseException as exc:  # noqa: BLE001 - every operator closes, then it is raised
         error = exc
     for operator in reversed(entered):

@@ -14,6 +14,7 @@ from typing import Any
 
 from asyncstate.checkpoint.format import checkpoint_path
 from asyncstate.checkpoint.reader import open_checkpoint
+from asyncstate.checkpoint.writer import remove_superseded_parts
 from asyncstate.errors import CheckpointError
 
 __all__ = ["RunReport", "verify_checkpoint"]
@@ -87,7 +88,7 @@ def verify_checkpoint(checkpoint_dir: str | os.PathLike[str], checkpoint_id: int
     """
     path = checkpoint_path(os.path.abspath(os.fspath(checkpoint_dir)), checkpoint_id)
     try:
-        open_checkpoint(path)
+        checkpoint = open_checkpoint(path)
     except CheckpointError as exc:
         committed = report.committed(path) if report is not None else {}
         if committed:
@@ -103,4 +104,8 @@ def verify_checkpoint(checkpoint_dir: str | os.PathLike[str], checkpoint_id: int
             "take() stops early; a failed job commits nothing for its failed partitions), or "
             f"checkpoint_dir {os.fspath(checkpoint_dir)!r} is not a path every executor and "
             "the driver share", path=path) from exc
+    if checkpoint.superseded:
+        # The checkpoint id was written again at another number of partitions: the parts of
+        # the run before are left out, and go now.
+        remove_superseded_parts(path, checkpoint.parts[0].parallelism)
     return path

@@ -30,6 +30,7 @@ from asyncstate.checkpoint.format import (
     write_part,
 )
 from asyncstate.checkpoint.snapshot import restore_snapshot
+from asyncstate.checkpoint.writer import remove_superseded_parts
 from asyncstate.errors import CheckpointError
 from asyncstate.keygroups import KeyGroupRange
 
@@ -113,28 +114,99 @@ def test_empty_checkpoint_directory_is_rejected(tmp_path):
 
 
 def test_overlapping_parts_are_named(tmp_path):
+    # No parallelism's parts are complete: part-2-1 and part-4-0 never committed.
     chk = checkpoint_path(tmp_path, 1)
-    write_all(chk, 2)
-    write_part(chk, parallelism=4, operator_index=1, max_parallelism=MAX_P, states={},
-               key_groups=[])
+    for parallelism, index in [(2, 0), (4, 1)]:
+        write_part(chk, parallelism=parallelism, operator_index=index, max_parallelism=MAX_P,
+                   states={}, key_groups=[])
     with pytest.raises(CheckpointError,
                        match=r"^checkpoint '.*chk-1' has overlapping parts: key groups 4\.\.7 "
                              r"are covered by both part-2-0 and part-4-1$"):
         open_checkpoint(chk)
 
 
-def test_parts_of_two_parallelisms_that_tile_the_key_groups_are_rejected(tmp_path):
-    # A run at 4 committed its last two parts and crashed; a rerun of the same id at 2
-    # committed its first part only. Together they cover every key group once.
+def test_parts_of_two_parallelisms_that_cover_every_key_group_once_are_a_checkpoint(tmp_path):
     chk = checkpoint_path(tmp_path, 1)
+    expected: dict[int, list[object]] = {}
     for parallelism, index in [(4, 2), (4, 3), (2, 0)]:
+        kgs = ast.compute_key_group_range_for_operator_index(MAX_P, parallelism, index)
+        groups = [(kg, [[parallelism, index, kg]]) for kg in kgs]
+        expected.update(groups)
         write_part(chk, parallelism=parallelism, operator_index=index, max_parallelism=MAX_P,
-                   states={}, key_groups=[])
-    with pytest.raises(CheckpointError,
-                       match=r"^checkpoint '.*chk-1' mixes parts written at different "
-                             r"parallelisms \(part-2-0, part-4-2, part-4-3\)") as exc:
-        open_checkpoint(chk)
-    assert exc.value.path == chk
+                   states={"s": "value"}, key_groups=groups)
+    checkpoint = open_checkpoint(chk)
+    assert [p.name for p in checkpoint.parts] == ["part-2-0", "part-4-2", "part-4-3"]
+    assert checkpoint.superseded == ()
+    assert read_all(chk) == expected
+
+
+def _commit_times(chk: str, clock: str, **seconds: int) -> None:
+    """Set when parts (by name, "_" for "-") were committed: by the writer's clock in the
+    manifest, or, for a manifest without it, by the manifest's mtime."""
+    for name, at in seconds.items():
+        part = name.replace("_", "-")
+        if clock == "writer":
+            edit_manifest(chk, part, written_at=at + 0.5)
+        else:
+            edit_manifest(chk, part, lambda m: m.pop("written_at", None))
+            os.utime(os.path.join(chk, part, MANIFEST_NAME), (at, at))
+
+
+@pytest.mark.parametrize("clock", ["writer", "mtime"])
+def test_a_checkpoint_written_again_at_another_parallelism_is_the_newer_run(tmp_path, clock):
+    chk = checkpoint_path(tmp_path, 1)
+    old = write_all(chk, 2)
+    new = {kg: [["new", kg]] for kg in range(MAX_P)}
+    for index in range(4):
+        kgs = ast.compute_key_group_range_for_operator_index(MAX_P, 4, index)
+        write_part(chk, parallelism=4, operator_index=index, max_parallelism=MAX_P,
+                   states={"count": "value"}, key_groups=[(kg, new[kg]) for kg in kgs])
+    _commit_times(chk, clock, part_2_0=100, part_2_1=101, part_4_0=200, part_4_1=201,
+                  part_4_2=202, part_4_3=203)
+    checkpoint = open_checkpoint(chk)
+    assert [p.name for p in checkpoint.parts] == [f"part-4-{i}" for i in range(4)]
+    assert checkpoint.superseded == ("part-2-0", "part-2-1")
+    assert read_all(chk) == new
+    # The run at 2 written again, later: it is the checkpoint again (its newest part counts).
+    _commit_times(chk, clock, part_2_0=150, part_2_1=300)
+    assert [p.name for p in open_checkpoint(chk).parts] == ["part-2-0", "part-2-1"]
+    assert read_all(chk) == old
+
+
+def test_a_rewrite_at_another_parallelism_that_did_not_finish_leaves_the_checkpoint_before(
+        tmp_path):
+    chk = checkpoint_path(tmp_path, 1)
+    old = write_all(chk, 4)
+    # The rewrite at 2 committed its first part, then crashed (or is still writing).
+    write_part(chk, parallelism=2, operator_index=0, max_parallelism=MAX_P,
+               states={"count": "value"}, key_groups=[(0, [["new"]])])
+    os.makedirs(os.path.join(chk, "part-2-1"))  # never committed
+    checkpoint = open_checkpoint(chk)
+    assert [p.name for p in checkpoint.parts] == [f"part-4-{i}" for i in range(4)]
+    assert checkpoint.superseded == ("part-2-0",)
+    assert read_all(chk) == old
+
+
+def test_remove_superseded_parts_keeps_the_runs_parallelism_and_removes_manifests_first(
+        tmp_path, monkeypatch):
+    chk = checkpoint_path(tmp_path, 1)
+    write_all(chk, 2)
+    new = write_all(chk, 3)
+    removed_first: list[str] = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        # By the time a part directory goes, its manifest is gone: never committed.
+        removed_first.append(os.path.basename(path))
+        assert not os.path.exists(os.path.join(path, MANIFEST_NAME))
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert remove_superseded_parts(chk, 3) == ["part-2-0", "part-2-1"]
+    assert removed_first == ["part-2-0", "part-2-1"]
+    assert sorted(os.listdir(chk)) == ["part-3-0", "part-3-1", "part-3-2"]
+    assert open_checkpoint(chk).superseded == ()
+    assert read_all(chk) == new
 
 
 @pytest.mark.parametrize("what", ["checkpoint", "manifest"])

@@ -67,6 +67,22 @@ def test_rescale_is_three_lines(tmp_path: Path, backend: str) -> None:
     assert out == [("k0", 2 * expected["k0"] + 1), ("k1", 2 * expected["k1"] + 1)]
 
 
+@pytest.mark.parametrize(("first", "second"), [(3, 2), (2, 3), (1, 4)])
+def test_a_checkpoint_id_written_again_at_another_parallelism_is_the_second_run(
+        tmp_path: Path, first: int, second: int) -> None:
+    chk = ast.checkpoint_path(tmp_path, 7)
+    ast.run(Count, RECORDS, key_selector=key, parallelism=first, checkpoint_dir=tmp_path,
+            checkpoint_id=7)
+    ast.run(Count, RECORDS[:100], key_selector=key, parallelism=second,
+            checkpoint_dir=tmp_path, checkpoint_id=7)
+    assert sorted(p.name for p in Path(chk).iterdir()) == \
+        [f"part-{second}-{i}" for i in range(second)]
+    # The state of the second run (100 records), not of the first (500).
+    out = ast.run(Count, ["k0", "k1"], key_selector=key, restore_from=chk)
+    expected = Tally(RECORDS[:100])
+    assert out == [("k0", expected["k0"] + 1), ("k1", expected["k1"] + 1)]
+
+
 def test_a_function_object_is_copied_for_every_operator_but_the_first() -> None:
     fn = Count()
     out = ast.run(fn, RECORDS, key_selector=key, parallelism=3)

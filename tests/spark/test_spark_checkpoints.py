@@ -69,6 +69,21 @@ def test_running_a_result_twice_replaces_its_parts(sc: Any, tmp_path: Path) -> N
     assert read_counts(path, model) == dict(model)
 
 
+def test_a_checkpoint_id_written_again_with_other_partitions_replaces_the_first_run(
+        sc: Any, tmp_path: Path) -> None:
+    first, second = records(2_000, 100), records(500, 100)
+    for data, partitions in ((first, 2), (second, 3)):
+        out = aspark.process_keyed(sc.parallelize(data, 2), KeyCounter, key_selector=key_of,
+                                   num_partitions=partitions, backend="heap",
+                                   checkpoint_dir=tmp_path, checkpoint_id=5)
+        assert out.count() == len(data)
+        path = aspark.verify_checkpoint(tmp_path, 5)
+    # The parts of the run at 2 partitions are gone; the state is the second run's.
+    assert sorted(os.listdir(path)) == ["part-3-0", "part-3-1", "part-3-2"]
+    model = model_counts([second])
+    assert read_counts(path, model) == dict(model)
+
+
 def test_a_checkpoint_part_missing_on_the_driver_is_named(sc: Any, tmp_path: Path) -> None:
     # A part committed on an executor that the driver does not see (checkpoint_dir not
     # shared), simulated by removing it after the job.
