@@ -18,6 +18,7 @@ its message, and survives pickling, because Spark ships executor errors to the d
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 __all__ = [
@@ -41,10 +42,23 @@ class AsyncStateError(Exception):
         self.message = message
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+        return (_rebuild, (type(self), self.message, _picklable(self.__dict__)))
 
     def __str__(self) -> str:
         return self.message
+
+
+def _picklable(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The error's attributes, each one that does not pickle (a rejected lambda, a lock)
+    replaced by its repr, as the message shows it."""
+    out: dict[str, Any] = {}
+    for name, value in attrs.items():
+        try:
+            pickle.dumps(value)
+        except Exception:  # noqa: BLE001 - whatever pickling raises, the repr travels
+            value = repr(value)
+        out[name] = value
+    return out
 
 
 def _rebuild(cls: type[AsyncStateError], message: str, attrs: dict[str, Any]) -> AsyncStateError:
@@ -55,10 +69,14 @@ def _rebuild(cls: type[AsyncStateError], message: str, attrs: dict[str, Any]) ->
 
 
 class ConfigError(AsyncStateError, ValueError):
-    """Raised when a configuration option has an invalid value; names the option."""
+    """Raised when a configuration option has an invalid value; names the option.
+    `message`: the whole message, where "<option> must be <rule>, got <value>" reads badly
+    (a declaration that clashes with an earlier one)."""
 
-    def __init__(self, option: str, value: object, rule: str) -> None:
-        super().__init__(f"{option} must be {rule}, got {value!r}")
+    def __init__(self, option: str, value: object, rule: str, *,
+                 message: str | None = None) -> None:
+        super().__init__(f"{option} must be {rule}, got {value!r}" if message is None
+                         else message)
         self.option = option
         self.value = value
         self.rule = rule

@@ -12,7 +12,7 @@ from asyncstate.checkpoint.operator_state import (
     redistribute_union,
 )
 from asyncstate.config import check_state_name
-from asyncstate.errors import CheckpointError
+from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.runtime.requests import StateKind
 from asyncstate.state.base import InternalState
 from asyncstate.state.descriptors import (
@@ -117,9 +117,11 @@ class RuntimeContext:
         existing = self._states.get(descriptor.name)
         if existing is not None:
             if existing.kind is not descriptor.kind:
-                raise ValueError(
-                    f"state {descriptor.name!r} is already declared as {existing.kind.value} "
-                    f"state, cannot declare it again as {descriptor.kind.value} state")
+                raise ConfigError(
+                    "name", descriptor.name, f"the name of one state kind ({existing.kind.value})",
+                    message=f"state {descriptor.name!r} is already declared as "
+                            f"{existing.kind.value} state, cannot declare it again as "
+                            f"{descriptor.kind.value} state")
             return existing
         restored = self._restored_from
         if restored is not None:
@@ -173,8 +175,10 @@ class RuntimeContext:
         existing = self._operator_states.get(name)
         if existing is not None:
             if existing.mode is not mode:
-                raise ValueError(f"operator state {name!r} is already declared with "
-                                 f"{existing.mode.value} redistribution, not {mode.value}")
+                raise ConfigError(
+                    "name", name, f"the name of one redistribution mode ({existing.mode.value})",
+                    message=f"operator state {name!r} is already declared with "
+                            f"{existing.mode.value} redistribution, not {mode.value}")
             return existing
         restored = self._restored_from
         if restored is not None:
@@ -183,10 +187,12 @@ class RuntimeContext:
                 # As in Flink: a restored operator state keeps its redistribution mode. An
                 # instance that does not declare it carries it in that mode, so a checkpoint
                 # holding it in two modes could not be restored.
-                raise ValueError(
-                    f"operator state {name!r} was restored with {restored_mode} "
-                    f"redistribution from {restored.path!r} and cannot be declared with "
-                    f"{mode.value} redistribution; declare it as before, or use another name")
+                raise ConfigError(
+                    "name", name, f"declared with its restored mode ({restored_mode})",
+                    message=f"operator state {name!r} was restored with {restored_mode} "
+                            f"redistribution from {restored.path!r} and cannot be declared "
+                            f"with {mode.value} redistribution; declare it as before, or use "
+                            "another name")
         parts = self._restored.get(name, [])
         if mode is RedistributionMode.UNION:
             items = redistribute_union(parts, self._parallelism, self._operator_index)

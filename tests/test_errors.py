@@ -107,3 +107,18 @@ def test_errors_survive_pickling_with_their_attributes(protocol):
         for attr in ("option", "state_name", "type_name", "key_group", "path"):
             if hasattr(exc, attr):
                 assert getattr(clone, attr) == getattr(exc, attr), (kind, attr)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_an_error_holding_a_value_that_does_not_pickle_travels_with_its_repr(protocol):
+    # The value a ConfigError rejected can be anything, a lambda among them.
+    with pytest.raises(ast.ConfigError) as caught:
+        ast.ValueStateDescriptor("v").enable_time_to_live(lambda: 10)  # type: ignore[arg-type]
+    exc = caught.value
+    clone = pickle.loads(pickle.dumps(exc, protocol=protocol))
+    assert type(clone) is ast.ConfigError
+    assert str(clone) == str(exc)
+    assert (clone.option, clone.rule) == (exc.option, exc.rule)
+    assert clone.value == repr(exc.value)
+    assert isinstance(clone, ValueError)
+

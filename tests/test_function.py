@@ -370,9 +370,9 @@ async def test_redeclaring_a_state_as_another_kind_names_it_and_both_kinds(
         first(ctx)
         second(ctx)
 
-    with pytest.raises(ValueError, match=rf"^state 'x' is already declared as {first_kind} "
-                                         rf"state, cannot declare it again as {second_kind} "
-                                         rf"state$"):
+    with pytest.raises(ast.ConfigError, match=rf"^state 'x' is already declared as "
+                                              rf"{first_kind} state, cannot declare it again "
+                                              rf"as {second_kind} state$"):
         await open_declaring(declare)
 
 

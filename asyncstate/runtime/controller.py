@@ -664,7 +664,8 @@ class AsyncExecutionController:
         await fut
 
     async def drain_inflight_records(self, target: int) -> None:
-        """Wait until at most `target` contexts are in flight."""
+        """Wait until at most `target` (>= 0) contexts are in flight."""
+        check_int("target", target, 0)
         await self.wait_until(lambda: self._in_flight <= target)
 
     # -- failure ---------------------------------------------------------------------------

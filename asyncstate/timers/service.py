@@ -251,7 +251,9 @@ def _decoded(key_group: int, records: Iterable[Any]) -> list[InternalTimer]:
 
 
 class TimerServiceView:
-    """`ctx.timer_service`: the timers of the current record's key."""
+    """`ctx.timer_service`: the timers of the current record's key. Timestamps are typed as
+    object, so that the compiled build raises the errors naming them (an int, not a bool,
+    of milliseconds), not its own."""
 
     __slots__ = ("_ctx", "_service")
 
@@ -271,19 +273,19 @@ class TimerServiceView:
                 "or on_timer")
         return ctx
 
-    def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+    def register_event_time_timer(self, timestamp: object, namespace: Any = None) -> None:
         """Fire on_timer for this key once the watermark reaches `timestamp` (ms)."""
         self._service.register(self._live(), TimeDomain.EVENT_TIME, timestamp, namespace)
 
-    def register_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+    def register_processing_time_timer(self, timestamp: object, namespace: Any = None) -> None:
         """Fire on_timer for this key once processing time reaches `timestamp` (ms)."""
         self._service.register(self._live(), TimeDomain.PROCESSING_TIME, timestamp, namespace)
 
-    def delete_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+    def delete_event_time_timer(self, timestamp: object, namespace: Any = None) -> None:
         """Delete this key's event-time timer for `timestamp` (nothing if there is none)."""
         self._service.delete(self._live(), TimeDomain.EVENT_TIME, timestamp, namespace)
 
-    def delete_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+    def delete_processing_time_timer(self, timestamp: object, namespace: Any = None) -> None:
         """Delete this key's processing-time timer for `timestamp` (nothing if none)."""
         self._service.delete(self._live(), TimeDomain.PROCESSING_TIME, timestamp, namespace)
 

@@ -423,7 +423,7 @@ async def test_a_restored_operator_state_keeps_its_mode(tmp_path: Any, before: s
         return lambda i: ("x", None) if mode == "split" else (None, "x")
 
     p1, _ = await _op_phase(tmp_path, 2, None, 1, names(before), lambda i: [f"e{i}"])
-    with pytest.raises(ValueError, match=(
+    with pytest.raises(ast.ConfigError, match=(
             rf"operator state 'x' was restored with {before} redistribution from "
             rf"'{p1}' and cannot be declared with {after} redistribution")):
         await _op_phase(tmp_path, 3, p1, 2, names(after), lambda i: [])

@@ -736,3 +736,10 @@ def test_buffer_timeout_sends_nothing_once_the_run_failed() -> None:
     scheduler.advance(0.2)
     assert h.executor.pending_batch_num == 0
     assert h.aec.active_queue_size == 1
+
+
+async def test_drain_inflight_records_refuses_a_negative_target_it_could_never_reach() -> None:
+    aec = ast.AsyncExecutionController(HeapBackend(), batch_size=10, buffer_timeout_ms=0,
+                                       max_in_flight=10)
+    with pytest.raises(ast.ConfigError, match=r"^target must be >= 0, got -1$"):
+        await asyncio.wait_for(aec.drain_inflight_records(-1), 5)

@@ -51,9 +51,9 @@ async def test_operator_state_redeclared_with_the_other_mode_names_both_modes(
         getattr(ctx, first)("offsets")
         getattr(ctx, second)("offsets")
 
-    with pytest.raises(ValueError, match=rf"^operator state 'offsets' is already declared "
-                                         rf"with {first_mode} redistribution, not "
-                                         rf"{second_mode}$"):
+    with pytest.raises(ast.ConfigError, match=rf"^operator state 'offsets' is already "
+                                              rf"declared with {first_mode} redistribution, "
+                                              rf"not {second_mode}$"):
         await open_declaring(declare)
 
 

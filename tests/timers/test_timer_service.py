@@ -4,6 +4,7 @@ each key's records, through checkpoints and rescaling, on the heap and RocksDB."
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import textwrap
@@ -241,6 +242,23 @@ async def test_a_wall_clock_timer_due_while_its_key_is_busy_waits_for_the_record
         gate.set()
         await asyncio.wait_for(op.drain(), 30)
     assert events == ["record start", "record end", "timer"]
+
+
+@pytest.mark.parametrize("method", ["register_event_time_timer",
+                                    "register_processing_time_timer",
+                                    "delete_event_time_timer", "delete_processing_time_timer"])
+@pytest.mark.parametrize("bad", [True, "5", 1.5])
+def test_a_timer_timestamp_of_another_type_is_refused_naming_it(method: str, bad: Any) -> None:
+    class Registers(ast.KeyedProcessFunction):
+        def process_element(self, value: Any, ctx: Any) -> None:
+            getattr(ctx.timer_service, method)(bad)
+
+        def on_timer(self, timestamp: int, ctx: Any) -> None:
+            ctx.emit(("fired", timestamp))  # pragma: no cover - never registered
+
+    with pytest.raises(TypeError, match=rf"^timer timestamp must be an int \(milliseconds\), "
+                                        rf"got {type(bad).__name__} {re.escape(repr(bad))}$"):
+        ast.run(Registers(), [1], key_selector=lambda v: v)
 
 
 def test_run_fires_every_event_time_timer_and_drops_processing_time_timers() -> None:
