@@ -120,13 +120,18 @@ class RecordTimeoutError(AsyncStateError, TimeoutError):
     """Raised when a record or timer firing runs longer than
     `AsyncStateConfig.record_timeout_ms`; names its key."""
 
-    def __init__(self, key: object, timeout_ms: int, elapsed_ms: int) -> None:
+    def __init__(self, key: object, timeout_ms: int, elapsed_ms: int, *,
+                 finished: bool = False) -> None:
         super().__init__(
+            f"the record with key {key!r} took {elapsed_ms} ms, longer than "
+            f"record_timeout_ms={timeout_ms}; code that blocks the event loop (time.sleep, "
+            "a synchronous call) holds up every record" if finished else
             f"the record with key {key!r} has been running for {elapsed_ms} ms, longer than "
             f"record_timeout_ms={timeout_ms}; it may await something that never completes")
         self.key = key
         self.timeout_ms = timeout_ms
         self.elapsed_ms = elapsed_ms
+        self.finished = finished  # it had finished: overran without the watchdog seeing it
 
 
 class BackendError(AsyncStateError):

@@ -105,7 +105,7 @@ class KeyedOperator:
             buffer_timeout_ms=config.buffer_timeout_ms, max_in_flight=config.max_in_flight,
             max_parallelism=config.max_parallelism,
             iterator_chunk_size=config.iterator_chunk_size,
-            time_records=record_timeout_ms is not None)
+            record_timeout_ms=record_timeout_ms)
         controller.add_failure_listener(self._log_failure)
         if record_timeout_ms is not None:
             self._watchdog = RecordWatchdog(loop, controller, record_timeout_ms)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from asyncstate.backends.base import (
 )
 from asyncstate.backends.cache import BUFFERED, MISS, StateCache
 from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
-from asyncstate.errors import InvalidStateError
+from asyncstate.errors import InvalidStateError, RecordTimeoutError
 from asyncstate.log import get_logger
 from asyncstate.runtime.batch_stats import BatchStats
 from asyncstate.runtime.buffer import StateRequestBuffer, TimeoutScheduler
@@ -91,7 +92,7 @@ class AsyncExecutionController:
                  buffer_timeout_ms: object, max_in_flight: object, max_parallelism: object = 128,
                  iterator_chunk_size: object = DEFAULT_ITERATOR_CHUNK_SIZE,
                  timeout_scheduler: TimeoutScheduler | None = None,
-                 time_records: bool = False) -> None:
+                 time_records: bool = False, record_timeout_ms: int | None = None) -> None:
         # compiled: typed as object (the limits are ints), so both builds raise check_int's
         # ConfigError.
         self.batch_size = check_int("batch_size", batch_size, 1)
@@ -118,7 +119,12 @@ class AsyncExecutionController:
         self._buffer = StateRequestBuffer(timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
-        self._time_records = time_records  # note when each context takes its key
+        # Note when each context takes its key; with a record timeout, a record that took
+        # longer fails the run when it finishes, also if it blocked the loop meanwhile (so
+        # the watchdog, which looks at the records still running, never saw it overdue).
+        self._time_records = time_records or record_timeout_ms is not None
+        self._record_timeout_ms = record_timeout_ms
+        self._overrun_s = math.inf if record_timeout_ms is None else record_timeout_ms / 1000.0
         self._epochs = EpochManager()
         self._in_flight = 0
         self._parked: dict[RecordContext, list[StateRequest]] = {}
@@ -349,6 +355,12 @@ class AsyncExecutionController:
             return True
         return False
 
+    def _overran(self, ctx: RecordContext, elapsed: float) -> None:
+        timeout_ms = self._record_timeout_ms
+        assert timeout_ms is not None
+        self.fail(RecordTimeoutError(ctx.key, timeout_ms, round(elapsed * 1000),
+                                     finished=True))
+
     def overdue_context(self, started_before: float) -> RecordContext | None:
         """A context that has held its key since before `started_before` (a time.monotonic()
         value), or None; only with `time_records`."""
@@ -525,6 +537,10 @@ class AsyncExecutionController:
         """A context's references reached zero while it held its key: the record is done.
         Its key passes to the next blocked context, its epoch counts it done, and its
         capacity frees up (Flink's disposeContext)."""
+        if self._time_records:
+            elapsed = _monotonic() - ctx.started_at
+            if elapsed > self._overrun_s:
+                self._overran(ctx, elapsed)
         ctx.key_occupied = False
         ctx.finished = True
         # The context and its contextvars copy refer to each other; breaking the cycle

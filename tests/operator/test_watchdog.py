@@ -100,3 +100,43 @@ def test_record_timeout_is_checked_at_construction() -> None:
         with pytest.raises(ast.ConfigError, match=r"^record_timeout_ms must be"):
             ast.AsyncStateConfig(record_timeout_ms=bad)  # type: ignore[arg-type]
     assert ast.AsyncStateConfig().record_timeout_ms is None
+
+
+class Blocks(ast.KeyedProcessFunction):
+    """Records with key "slow" block the event loop (a synchronous call) past the timeout,
+    then finish normally; others count."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+    async def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+        await self.v.update(1)
+        if record == "slow":
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:  # bounded: 0.3 s of blocking, no sleep
+                pass
+        ctx.emit(record)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("records", [["slow"], ["a", "slow", "b"]])
+def test_a_record_that_blocks_the_loop_past_the_timeout_fails_the_run_naming_its_key(
+        records: list[str]) -> None:
+    # The watchdog cannot run while the loop is blocked, and the record has finished when
+    # the loop runs again: the controller reports it as it finishes.
+    config = ast.AsyncStateConfig(record_timeout_ms=100)
+    with pytest.raises(ast.RecordTimeoutError, match=r"^the record with key 'slow' took \d+ ms, "
+                       r"longer than record_timeout_ms=100; code that blocks the event loop "
+                       r"\(time\.sleep, a synchronous call\) holds up every record$") as raised:
+        ast.run(Blocks(), records, key_selector=_key, config=config)
+    err = raised.value
+    assert (err.key, err.timeout_ms, err.finished) == ("slow", 100, True)
+    assert err.elapsed_ms >= 300
+    copy = pickle.loads(pickle.dumps(err))
+    assert (str(copy), copy.finished) == (str(err), True)
+
+
+def test_records_within_the_timeout_run_through() -> None:
+    config = ast.AsyncStateConfig(record_timeout_ms=10_000)
+    assert ast.run(Blocks(), ["a", "slow", "b"], key_selector=_key, config=config) == \
+        ["a", "slow", "b"]
