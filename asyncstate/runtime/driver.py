@@ -79,12 +79,13 @@ class RecordTask:
 
     Implements what asyncio's own context managers use: `cancel`, `cancelling`,
     `uncancel`, `done`, `cancelled`, `get_loop`, `get_name`. A cancel requested while the
-    coroutine waits for a state future is delivered as CancelledError when it resumes (a
-    state future itself cannot be cancelled), as a Task would deliver it.
+    coroutine waits for a state future is delivered as CancelledError at once, as a Task
+    delivers it: the coroutine stops waiting, while the state future stays pending (its
+    request is not recalled) and keeps the record in flight until the backend answers.
     """
 
     __slots__ = ("_cancel_message", "_cancels", "_coro", "_ctx", "_done", "_driver", "_loop",
-                 "_must_cancel", "real")
+                 "_must_cancel", "_waiting", "real")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ctx: RecordContext,
                  driver: UserCodeDriver, coro: Coroutine[Any, Any, Any]) -> None:
@@ -97,13 +98,23 @@ class RecordTask:
         self._cancel_message: Any = None
         self._done = False
         self.real: asyncio.Task[Any] | None = None
+        # The state future the coroutine waits for (None: it runs, or a cancel took it away)
+        self._waiting: StateFuture[Any] | None = None
 
     def __repr__(self) -> str:
         return f"<RecordTask key={self._ctx.key!r} real={self.real!r}>"
 
-    def _resume(self, _: StateFuture[Any]) -> None:
-        """Step the coroutine again once the state future it awaited is done."""
+    def _resume(self, fut: StateFuture[Any]) -> None:
+        """Step the coroutine again once the state future it awaited is done (unless a
+        cancel stepped it on without that future)."""
+        if fut is not self._waiting:
+            return
+        self._waiting = None
         self._ctx.run(self._driver._step, self._ctx, self._coro, self)
+
+    def _deliver_cancel(self) -> None:
+        if not self._done and self.real is None and self._must_cancel:
+            self._ctx.run(self._driver._step, self._ctx, self._coro, self)
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
@@ -128,6 +139,9 @@ class RecordTask:
         self._cancels += 1
         self._must_cancel = True
         self._cancel_message = msg
+        if self._waiting is not None:
+            self._waiting = None
+            self._loop.call_soon(self._deliver_cancel)
         return True
 
     def cancelling(self) -> int:
@@ -254,6 +268,7 @@ class UserCodeDriver:
             return
         if type(yielded) is StateFuture and yielded._state == _PENDING:
             yielded._asyncio_future_blocking = False
+            task._waiting = yielded
             yielded._add(_CALL, task._resume, None)
             return
         self._to_task(ctx, coro, yielded, task)

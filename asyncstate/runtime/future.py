@@ -24,11 +24,15 @@ A future completes once. Invariants:
 
 Differences from `asyncio.Future`: callbacks registered with the `then_*` combinators run
 inline (no loop hop); awaiting a completed future returns at once; no running loop is needed
-for completed futures and their combinators; `cancel()` refuses (a request already sent to a
-backend cannot be recalled), so a Task cancelled while awaiting a state future is cancelled
-when that future completes. The asyncio protocol (`add_done_callback`, `get_loop`,
-`_asyncio_future_blocking`, ...) is implemented so a StateFuture can be awaited inside any
-Task and passed to `asyncio.gather` / `asyncio.wait_for`.
+for completed futures and their combinators. `cancel()` (what `asyncio.wait_for`,
+`asyncio.timeout` and a cancelled Task call) cancels a pending future that only asyncio
+waits on: it is done at once, cancelled, and its asyncio callbacks run; the request it stands
+for is not recalled (a write still applies), and the record stays in flight until the
+backend answered it, so the key's order holds. A future that `then_*` callbacks or the
+record's own machinery wait on refuses (`cancel()` returns False). The asyncio protocol
+(`add_done_callback`, `get_loop`, `_asyncio_future_blocking`, ...) is implemented so a
+StateFuture can be awaited inside any Task and passed to `asyncio.gather` /
+`asyncio.wait_for`.
 """
 
 from __future__ import annotations
@@ -101,6 +105,9 @@ class StateFuture(Generic[T]):
     # future still looks pending); 0 otherwise.
     _settling = 0
     _ctx: RecordContext | None = None
+    # Cancelled through the asyncio protocol while pending: it looks failed with a
+    # CancelledError, and still holds its record reference until the backend completes it.
+    _cancelled = False
 
     def __init__(self, ctx: RecordContext | None = None) -> None:
         if ctx is not None:
@@ -117,6 +124,9 @@ class StateFuture(Generic[T]):
 
     def _complete(self, value: Any) -> None:
         if self._state != _PENDING or self._settling:
+            if self._cancelled:
+                self._answered_after_cancel()
+                return
             raise InvalidStateError(f"{self!r} is already completed")
         self._result = value
         self._state = _DONE
@@ -136,6 +146,9 @@ class StateFuture(Generic[T]):
         completion to settle (`_run_deferred`), so that a chain of any length completes in
         bounded stack, and a future never looks done before its callbacks have run."""
         if self._state != _PENDING or self._settling:
+            if self._cancelled:
+                self._answered_after_cancel()
+                return None
             raise InvalidStateError(f"{self!r} is already completed")
         self._result = value
         if depth >= _MAX_DEPTH and self._cb_kind is not None:
@@ -146,6 +159,9 @@ class StateFuture(Generic[T]):
 
     def _fail_at(self, exc: BaseException, depth: int) -> list[StateFuture[Any]] | None:
         if self._state != _PENDING or self._settling:
+            if self._cancelled:
+                self._answered_after_cancel()
+                return None
             raise InvalidStateError(f"{self!r} is already completed")
         self._exception = exc
         self._exception_tb = exc.__traceback__
@@ -487,12 +503,37 @@ class StateFuture(Generic[T]):
         return len(entries) - len(kept)
 
     def cancel(self, msg: Any = None) -> bool:
-        """State futures cannot be cancelled: always False."""
-        return False
+        """asyncio protocol: cancel a pending future that only asyncio callbacks wait on
+        (see the module docstring); False when it is done or something else waits on it."""
+        if self._state != _PENDING or self._settling:
+            return False
+        kind = self._cb_kind
+        if kind is not None and (kind != _ASYNCIO or any(
+                entry[0] != _ASYNCIO for entry in self._more or ())):
+            return False
+        self._cancelled = True
+        self._observed = True  # a cancellation never fails the run as an unobserved failure
+        self._exception = asyncio.CancelledError() if msg is None \
+            else asyncio.CancelledError(msg)
+        self._state = _FAILED
+        if kind is not None:
+            entries = [(kind, self._cb_fn, self._cb_target), *(self._more or ())]
+            self._cb_kind = self._cb_fn = self._cb_target = self._more = None
+            for _kind, fn, target in entries:
+                target[0].call_soon(fn, self, context=target[1])
+        return True
 
     def cancelled(self) -> bool:
-        """Always False (state futures cannot be cancelled)."""
-        return False
+        """asyncio protocol: True once `cancel()` cancelled it."""
+        return self._cancelled
+
+    def _answered_after_cancel(self) -> None:
+        """The backend completed a cancelled future: its answer goes nowhere, and its
+        reference on the record goes."""
+        ctx = self._ctx
+        if ctx is not None:
+            self._ctx = None
+            ctx.release()
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._state == _PENDING:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import sys
 from typing import Any
 
 import pytest
@@ -13,10 +12,12 @@ from driver_helpers import BOTH_DRIVERS, run_dynamic, slow_backend
 from shared_functions import (
     Dynamic,
     Step,
+    first,
     keyed_operator,
 )
 
 import asyncstate as ast
+from asyncstate.testing import ManualExecutor
 
 
 @pytest.mark.timeout(10)
@@ -92,16 +93,56 @@ async def test_timeout_entered_before_the_move_expires_after_it(cls: type[Dynami
     assert await run_dynamic(cls(), [("a", step)], slow_backend(5)) == [("timed out", 0)]
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="documented 3.11 behaviour")
 @BOTH_DRIVERS
 @pytest.mark.timeout(30)
-async def test_wait_for_a_state_future_returns_its_result_on_python_311(
-        cls: type[Dynamic]) -> None:
-    async def step(fn: Dynamic, ctx: ast.RecordContext) -> None:
-        await fn.v.update(7)
-        ctx.emit(await asyncio.wait_for(fn.v.value(), 0.001))
+@pytest.mark.parametrize("deadline", ["wait_for", "timeout", "timeout from a helper"])
+async def test_a_deadline_around_a_state_call_fires_while_the_request_is_pending(
+        cls: type[Dynamic], deadline: str) -> None:
+    # The backend answers only when the test says so: the TimeoutError must come first. The
+    # request is not recalled: its write applies, and the key's next record starts only once
+    # the backend answered it.
+    executor = ManualExecutor()
+    # Looked up at run time, so no scan of the function's code sees asyncio.timeout.
+    helper = getattr(asyncio, "time" + "out")
 
-    assert await run_dynamic(cls(), [("a", step)], slow_backend(30)) == [7]
+    async def step(fn: Dynamic, ctx: ast.RecordContext) -> None:
+        try:
+            if deadline == "wait_for":
+                await asyncio.wait_for(fn.v.update(7), 0.001)
+            elif deadline == "timeout":
+                async with asyncio.timeout(0.001):
+                    await fn.v.update(7)
+            else:
+                async with helper(0.001):
+                    await fn.v.update(7)
+            ctx.emit("no timeout")
+        except TimeoutError:
+            ctx.emit(("timed out", executor.delivered_batches))
+
+    async def read(fn: Dynamic, ctx: ast.RecordContext) -> None:
+        ctx.emit(("read", await fn.v.value()))
+
+    fn = cls()
+    out: list[Any] = []
+    config = ast.AsyncStateConfig(buffer_timeout_ms=0)  # sent at once, answered when told
+    async with ast.KeyedOperator(fn, key_selector=first, backend=executor,
+                                 config=config) as op:
+        await op.process(("a", step))
+        await op.process(("a", read))
+        for _ in range(10_000):  # bounded: the deadline is 1 ms away
+            out += op.outputs()
+            if out:
+                break
+            await asyncio.sleep(0.001)
+        assert out == [("timed out", 0)]  # the backend has not answered the write
+        assert op.controller.in_flight_record_num == 2  # both records wait for it
+        drain = asyncio.ensure_future(op.drain())  # sends what waits
+        async with asyncio.timeout(20):
+            while not drain.done():
+                executor.complete_all()
+                await asyncio.sleep(0)
+        await drain
+        assert out + op.outputs() == [("timed out", 0), ("read", 7)]
 
 
 @BOTH_DRIVERS

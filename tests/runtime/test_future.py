@@ -13,6 +13,7 @@ import pytest
 from shared_functions import Boom, run_python
 
 import asyncstate as ast
+from asyncstate.runtime.context import RecordContext
 from asyncstate.runtime.future import StateFuture, failed_future
 
 
@@ -399,11 +400,14 @@ def test_completed_and_void_helpers() -> None:
     assert isinstance(void, ast.StateFuture)
 
 
-def test_state_futures_cannot_be_cancelled() -> None:
+def test_a_future_that_a_then_callback_waits_on_refuses_cancel() -> None:
     fut = pending()
+    chained = fut.then_apply(lambda v: v + 1)
     assert fut.cancel() is False
     assert fut.cancelled() is False
     assert not fut.done()
+    fut._complete(1)
+    assert chained.result() == 2
 
 
 def test_combine_all_keeps_input_order_whatever_the_completion_order() -> None:
@@ -743,15 +747,26 @@ def test_repr_of_each_state() -> None:
     assert repr(failed_future(ValueError("z"))) == "<StateFuture failed exception=ValueError('z')>"
 
 
-def test_cancel_is_refused_and_does_not_change_state() -> None:
-    fut: StateFuture[int] = StateFuture()
-    assert fut.cancel() is False
-    assert fut.cancel(msg="x") is False
-    assert not fut.cancelled()
-    assert not fut.done()
-    fut._complete(1)
-    assert fut.result() == 1
-    assert not fut.cancelled()
+def test_cancel_of_a_pending_future_keeps_its_record_until_the_backend_answers() -> None:
+    ctx = RecordContext("r", "k", b"k", 0, None)
+    fut: StateFuture[int] = StateFuture(ctx)
+    assert ctx.ref_count == 1
+    assert fut.cancel(msg="deadline") is True
+    assert fut.cancelled() and fut.done()
+    with pytest.raises(asyncio.CancelledError, match="deadline"):
+        fut.result()
+    assert fut.cancel() is False  # once
+    assert ctx.ref_count == 1  # the request is still on its way
+    fut._complete(1)  # the backend's answer goes nowhere, and the reference goes
+    assert ctx.ref_count == 0
+    assert fut.cancelled()
+    with pytest.raises(asyncio.CancelledError):
+        fut.result()
+    failed: StateFuture[int] = StateFuture(ctx2 := RecordContext("r", "k", b"k", 0, None))
+    assert failed.cancel()
+    failed._fail(Boom("late"))  # a failure after the cancel is no unobserved failure
+    assert ctx2.ref_count == 0 and ctx2.unobserved_failure() is None
+    assert ast.completed_future(1).cancel() is False
 
 
 def test_repeated_result_does_not_grow_the_traceback() -> None:

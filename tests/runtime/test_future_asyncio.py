@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import pytest
-from shared_functions import Boom, let_loop_run
+from shared_functions import Boom
 
 import asyncstate as ast
 from asyncstate.runtime.future import StateFuture, failed_future
@@ -167,15 +167,26 @@ async def test_shield_wait_as_completed_and_gather_return_exceptions() -> None:
 
 @pytest.mark.timeout(30)
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="documented for Python 3.11")
-async def test_wait_for_on_311_returns_the_result_after_the_deadline() -> None:
-    # Documented: the cancel is refused, wait_for waits for the future and returns its result.
+async def test_wait_for_times_out_on_a_future_that_never_completes() -> None:
     fut: StateFuture[int] = StateFuture()
-    asyncio.get_running_loop().call_later(0.05, fut._complete, 7)
-    assert await asyncio.wait_for(fut, 0.001) == 7
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fut, 0.01)
+    assert fut.cancelled()
+    fut._complete(7)  # a late answer goes nowhere
+    with pytest.raises(asyncio.CancelledError):
+        fut.result()
 
 
 @pytest.mark.timeout(30)
-async def test_cancelled_task_is_cancelled_only_when_the_future_completes() -> None:
+async def test_wait_for_returns_a_result_that_comes_in_time() -> None:
+    fut: StateFuture[int] = StateFuture()
+    asyncio.get_running_loop().call_soon(fut._complete, 7)
+    assert await asyncio.wait_for(fut, 30) == 7
+    assert not fut.cancelled()
+
+
+@pytest.mark.timeout(30)
+async def test_a_task_cancelled_while_it_awaits_a_future_is_cancelled_at_once() -> None:
     fut: StateFuture[int] = StateFuture()
 
     async def waiter() -> int:
@@ -184,11 +195,10 @@ async def test_cancelled_task_is_cancelled_only_when_the_future_completes() -> N
     task = asyncio.ensure_future(waiter())
     await asyncio.sleep(0)
     assert task.cancel()
-    await let_loop_run()
-    assert not task.done()
-    fut._complete(3)
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert fut.cancelled() and task.cancelled()
+    fut._complete(3)
 
 
 @pytest.mark.timeout(30)
