@@ -130,5 +130,6 @@ def open_timers(progress: TimeProgress, records: RecordRunner, ttl_timers: TtlTi
         owner=None if callable(getattr(function, "on_timer", None))
         else type(function).__name__)
     progress.timers = timers
+    records.timers = timers
     ttl_timers.attach(timers)
     return timers

@@ -22,7 +22,7 @@ from asyncstate.runtime.controller import AsyncExecutionController
 from asyncstate.runtime.driver import UserCodeDriver
 from asyncstate.runtime.future import _DONE, StateFuture
 from asyncstate.serde import canonical_key, key_group_of_bytes
-from asyncstate.timers.service import is_internal_namespace
+from asyncstate.timers.service import TimerService, is_internal_namespace
 
 __all__ = ["RecordRunner"]
 
@@ -34,7 +34,7 @@ class RecordRunner:
     __slots__ = ("_base_vars", "_controller", "_driver", "_key_selector", "_kg_end",
                  "_kg_start", "_max_parallelism", "_on_timer", "_operator", "_parallelism",
                  "_index", "_process_element", "_run", "_run_timer", "_timestamp_selector",
-                 "internal_timers", "record_hooks")
+                 "internal_timers", "record_hooks", "timers")
 
     def __init__(self, operator: Any, process_element: Callable[[Any, Any], Any],
                  on_timer: Callable[[int, Any], Any] | None,
@@ -64,6 +64,7 @@ class RecordRunner:
         # Runs the firings of the operator's own timers, as on_timer(timestamp, ctx) would
         # (None: they are dropped).
         self.internal_timers: Callable[[int, Any], Any] | None = None
+        self.timers: TimerService | None = None  # set once the operator's service is built
         # One bound method each, not one per record.
         self._run = self.run_record
         self._run_timer = self.run_timer
@@ -126,7 +127,11 @@ class RecordRunner:
 
     def run_timer(self, ctx: RecordContext) -> None:
         """Run on_timer for a started timer firing (inside its context, key held); the
-        operator's own timers run `internal_timers`, never on_timer."""
+        operator's own timers run `internal_timers`, never on_timer. A timer deleted after
+        it was taken off its queue runs nothing."""
+        timers = self.timers
+        if timers is not None and not timers.claim(ctx.record, ctx.time_domain):
+            return
         if is_internal_namespace(ctx.record.namespace_bytes):
             internal = self.internal_timers
             if internal is not None:

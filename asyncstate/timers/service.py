@@ -35,6 +35,7 @@ from asyncstate.errors import InvalidStateError
 from asyncstate.function import TimeDomain
 from asyncstate.keygroups import KeyGroupRange
 from asyncstate.runtime.context import RecordContext
+from asyncstate.runtime.epoch import Epoch, EpochStatus
 from asyncstate.serde import NONE_BYTES, canonical_key, decode_key
 from asyncstate.timers.base import KeyGroupedInternalPriorityQueue
 from asyncstate.timers.heap_set import HeapPriorityQueueSet
@@ -69,8 +70,9 @@ class TimerService:
     builds the firing's context and `start(ctx)` starts it under its key; `watermark()` is the
     operator's current watermark."""
 
-    __slots__ = ("_clock", "_event", "_firing", "_loop", "_make_context", "_owner",
-                 "_processing", "_start", "_wake_at", "_wakeup", "_watermark")
+    __slots__ = ("_clock", "_due_event", "_due_processing", "_event", "_firing", "_loop",
+                 "_make_context", "_owner", "_processing", "_start", "_wake_at", "_wakeup",
+                 "_watermark")
 
     def __init__(self, event_queue: TimerQueue, processing_queue: TimerQueue, *,
                  make_context: Callable[[InternalTimer, TimeDomain], RecordContext],
@@ -87,6 +89,11 @@ class TimerService:
         self._wakeup: asyncio.TimerHandle | None = None
         self._wake_at: int | None = None
         self._firing = False  # inside _fire: it picks up timers registered meanwhile
+        # Timers taken off their queue to fire whose on_timer has not begun (a firing waits
+        # for its key): to registering and deleting they are still pending, as they would
+        # be in a synchronous timer service, which takes a timer off only to fire it.
+        self._due_event: set[InternalTimer] = set()
+        self._due_processing: set[InternalTimer] = set()
 
     def __repr__(self) -> str:
         return (f"<TimerService event={len(self._event)} processing={len(self._processing)} "
@@ -102,13 +109,16 @@ class TimerService:
                 f"{self._owner} registers a timer but has no on_timer(timestamp, ctx) to fire "
                 "it; define on_timer (plain or async def)")
         timer = self._timer(ctx, timestamp, namespace)
+        if timer in self._due(domain):
+            return  # its firing is on its way
         if domain is TimeDomain.EVENT_TIME:
             self._event.add(timer)
             if (ctx.time_domain is TimeDomain.EVENT_TIME and not self._firing
                     and timer.timestamp <= self._watermark()):
                 # Registered by a firing of the advance under way, for a time it covers,
-                # after the advance started its due timers: it starts now.
-                self.fire_event_time(self._watermark())
+                # after the advance started its due timers: it starts now, and the advance
+                # waits for it as for the firing that registered it.
+                self._fire(self._event, self._watermark(), TimeDomain.EVENT_TIME, ctx.epoch)
         elif self._processing.add(timer):
             self._schedule_wakeup()
 
@@ -119,11 +129,14 @@ class TimerService:
         assert is_internal_namespace(namespace_bytes)
         timer = InternalTimer(timestamp, ctx.key, ctx.key_bytes, namespace_bytes,
                               ctx.key_group)
+        if timer in self._due(domain):
+            return  # as in register()
         if domain is TimeDomain.EVENT_TIME:
             self._event.add(timer)
             if (ctx.time_domain is TimeDomain.EVENT_TIME and not self._firing
                     and timestamp <= self._watermark()):
-                self.fire_event_time(self._watermark())  # as in register()
+                # as in register()
+                self._fire(self._event, self._watermark(), TimeDomain.EVENT_TIME, ctx.epoch)
         elif self._processing.add(timer):
             self._schedule_wakeup()
 
@@ -131,6 +144,10 @@ class TimerService:
                namespace: object) -> None:
         """Delete `ctx`'s key's timer of that time and namespace (nothing if there is none)."""
         timer = self._timer(ctx, timestamp, namespace)
+        due = self._due(domain)
+        if timer in due:
+            due.discard(timer)  # its firing, on its way, runs no on_timer (see `claim`)
+            return
         if domain is TimeDomain.EVENT_TIME:
             self._event.remove(timer)
         elif self._processing.remove(timer):
@@ -152,10 +169,12 @@ class TimerService:
         self._fire(self._processing, now, TimeDomain.PROCESSING_TIME)
         self._schedule_wakeup()
 
-    def _fire(self, queue: TimerQueue, time: int, domain: TimeDomain) -> None:
+    def _fire(self, queue: TimerQueue, time: int, domain: TimeDomain,
+              epoch: Epoch | None = None) -> None:
         # One timer at a time, from the head: a firing that runs at once (its key is free)
         # and registers a due timer has it started next, in timestamp order, as a
-        # synchronous timer service would.
+        # synchronous timer service would. `epoch`: the epoch of the firing that registered
+        # the due timers, while it finishes: the firings join it (its advance waits for them).
         if self._firing:
             return
         self._firing = True
@@ -165,9 +184,27 @@ class TimerService:
                 if head is None or head.timestamp > time:
                     return
                 queue.poll()
-                self._start(self._make_context(head, domain))
+                self._due(domain).add(head)
+                ctx = self._make_context(head, domain)
+                if epoch is not None and epoch.status is EpochStatus.FINISHING:
+                    ctx.epoch = epoch
+                    epoch.ongoing_record_count += 1
+                self._start(ctx)
         finally:
             self._firing = False
+
+    def _due(self, domain: TimeDomain) -> set[InternalTimer]:
+        return self._due_event if domain is TimeDomain.EVENT_TIME else self._due_processing
+
+    def claim(self, timer: InternalTimer, domain: TimeDomain) -> bool:
+        """A firing of `timer` begins (its key is held): True to run it, False when the timer
+        was deleted since it was taken off its queue. From now on, registering an equal
+        timer registers a new one."""
+        due = self._due(domain)
+        if timer in due:
+            due.discard(timer)
+            return True
+        return False
 
     def _schedule_wakeup(self) -> None:
         """With the wall clock, wake up when the earliest processing-time timer is due."""

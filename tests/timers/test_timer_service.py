@@ -139,6 +139,57 @@ async def test_on_timer_deletes_and_registers_timers_of_its_key(timer_backend):
         assert op.outputs() == [("timer", "k", 15)]
 
 
+@pytest.mark.parametrize("domain", ["event", "processing"])
+async def test_a_due_timer_whose_firing_waits_for_its_key_is_still_pending_to_its_key(
+        timer_backend, domain: str) -> None:
+    # on_timer(5) awaits state first, so the firings of 7 and 9 are taken off the queue and
+    # wait for the key meanwhile. To on_timer(5) they are still pending, as in a timer
+    # service that takes a timer off only to fire it: registering 7 again keeps one, and
+    # deleting 9 means it never fires. Registering 5 again, once its firing began, is a new
+    # timer: in event time it fires within the same advance (which waits for it), in
+    # processing time by the next advance.
+    class Fn(EventTimers):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            service = ctx.timer_service
+            register = service.register_event_time_timer if domain == "event" \
+                else service.register_processing_time_timer
+            for ts in (5, 7, 9):
+                register(ts)
+
+        async def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+            n = await self.fired.value()
+            await self.fired.update((n or 0) + 1)
+            ctx.emit(("timer", ctx.current_key, ts))
+            service = ctx.timer_service
+            if ts == 5 and n is None:
+                if domain == "event":
+                    service.register_event_time_timer(7)
+                    service.delete_event_time_timer(9)
+                    service.register_event_time_timer(5)
+                else:
+                    service.register_processing_time_timer(7)
+                    service.delete_processing_time_timer(9)
+                    service.register_processing_time_timer(5)
+
+    clock = ast.ManualClock(0)
+    async with operator(Fn(), timer_backend(), clock=clock) as op:
+        await op.process(("k", 0))
+        if domain == "event":
+            await op.advance_watermark(10)
+        else:
+            await op.advance_processing_time(10)
+        fired = [ts for kind, _key, ts in op.outputs() if kind == "timer"]
+        if domain == "event":
+            assert fired[0] == 5 and sorted(fired) == [5, 5, 7]
+        else:
+            await op.advance_processing_time(11)
+            fired += [ts for kind, _key, ts in op.outputs() if kind == "timer"]
+            assert fired[0] == 5 and sorted(fired) == [5, 5, 7]
+        await op.advance_watermark(20)
+        await op.advance_processing_time(20)
+        assert op.outputs() == []  # nothing else was pending: 9 is gone
+
+
 async def test_a_record_s_timer_behind_the_watermark_fires_at_the_next_advance(timer_backend):
     async with operator(EventTimers(), timer_backend()) as op:
         await op.advance_watermark(100)
