@@ -126,15 +126,16 @@ def _forget(handle: _StateHandle, key: bytes) -> None:
 
 class _Effects:
     """What reads of TTL states change: one WriteBatch (made on first use), the bytes each
-    changed key holds afterwards (None: removed; a deferred refresh is found through the
-    state's handle instead), and, with `young` (the backend's list of this job's deferred
-    refreshes), point reads whose refreshes are kept back instead of written."""
+    changed key holds afterwards, by state and key (None: removed; a deferred refresh is
+    found through the state's handle instead: states of one key and namespace share key
+    bytes, each in its column family), and, with `young` (the backend's list of this job's
+    deferred refreshes), point reads whose refreshes are kept back instead of written."""
 
     __slots__ = ("latest", "wb", "young")
 
     def __init__(self, young: list[_TtlPoint] | None = None) -> None:
         self.wb: rocksdict.WriteBatch | None = None
-        self.latest: dict[bytes, bytes | None] = {}
+        self.latest: dict[tuple[_StateHandle, bytes], bytes | None] = {}
         self.young = young
 
     def defer(self, point: _TtlPoint) -> None:
@@ -149,14 +150,14 @@ class _Effects:
         young.append(point)
 
     def put(self, key: bytes, value: bytes, handle: _StateHandle) -> None:
-        self.latest[key] = value
+        self.latest[handle, key] = value
         _forget(handle, key)  # this write is newer than a deferred refresh of the key
         if self.wb is None:
             self.wb = rocksdict.WriteBatch(raw_mode=True)
         self.wb.put(key, value, handle.cf_handle)
 
     def delete(self, key: bytes, handle: _StateHandle) -> None:
-        self.latest[key] = None
+        self.latest[handle, key] = None
         _forget(handle, key)
         if self.wb is None:
             self.wb = rocksdict.WriteBatch(raw_mode=True)
@@ -201,7 +202,9 @@ def apply_points(points: list[_TtlPoint], results: list[Any], effects: _Effects)
     latest = effects.latest
     for p in points:
         key = p.key
-        raw = latest[key] if latest and key in latest else _current(p.handle, key, p.raw)
+        changed = (p.handle, key) if latest else None
+        raw = latest[changed] if changed is not None and changed in latest \
+            else _current(p.handle, key, p.raw)
         found = _point(p.read, raw, key, p.handle, effects, p)
         results[p.index] = _answer(found, raw, p.contains)
 

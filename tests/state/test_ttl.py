@@ -235,6 +235,47 @@ async def test_event_time_write_without_a_timestamp_fails_naming_the_state(backe
             await op.drain()
 
 
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "rocksdb-cache"], indirect=True)
+@pytest.mark.parametrize("expired_first", [True, False])
+async def test_an_expired_state_read_with_a_fresh_state_of_the_same_key_leaves_it_alone(
+        backend, expired_first: bool) -> None:
+    # Two states of one key and namespace store under the same key bytes, each in its own
+    # column family on RocksDB: removing the expired one on read must not hide the other,
+    # in the same batch or after it.
+    config = ttl(10)
+    fn = Steps(old=ast.ValueStateDescriptor("old", ttl=config),
+               fresh=ast.ReducingStateDescriptor("fresh", lambda a, b: a + b, ttl=config))
+
+    async def write_old(s: Any, ctx: Any) -> Any:
+        await s.old.update("B")
+        return NOTHING
+
+    async def add_10(s: Any, ctx: Any) -> Any:
+        await s.fresh.add(10)
+        return NOTHING
+
+    async def together(s: Any, ctx: Any) -> Any:
+        # Issued together, so they share a batch: "old" has expired, "fresh" has not.
+        reads = [s.old.value(), s.fresh.get(), s.fresh.add(5)]
+        if not expired_first:
+            reads = [reads[1], reads[0], reads[2]]
+        return await ast.combine_all(reads)
+
+    async def total(s: Any, ctx: Any) -> Any:
+        return await s.fresh.get()
+
+    async with make_operator(fn, backend) as op:
+        await op.process(("k", write_old))
+        await op.advance_processing_time(5)
+        await op.process(("k", add_10))  # expires at 15
+        await op.advance_processing_time(12)  # "old" expired at 10
+        await op.process(("k", together))
+        await op.process(("k", total))
+        await op.drain()
+        first = [None, 10, None] if expired_first else [10, None, None]
+        assert op.outputs() == [first, 15]
+
+
 # -- lists and maps: one by one -------------------------------------------------------------
 
 async def test_list_elements_expire_one_by_one(backend):
