@@ -120,7 +120,18 @@ class TimerService:
                 # waits for it as for the firing that registered it.
                 self._fire(self._event, self._watermark(), TimeDomain.EVENT_TIME, ctx.epoch)
         elif self._processing.add(timer):
+            self._fire_covered_processing(ctx, timer.timestamp)
             self._schedule_wakeup()
+
+    def _fire_covered_processing(self, ctx: RecordContext, timestamp: int) -> None:
+        """A processing-time timer that a firing of a ManualClock's advance registers for a
+        time the clock already covers, after the advance started its due timers, starts now
+        and joins the advance, as in event time (with the wall clock the wakeup fires it)."""
+        clock = self._clock
+        if (isinstance(clock, ManualClock) and ctx.time_domain is TimeDomain.PROCESSING_TIME
+                and not self._firing and timestamp <= clock.now_ms()):
+            self._fire(self._processing, clock.now_ms(), TimeDomain.PROCESSING_TIME,
+                       ctx.epoch)
 
     def register_internal(self, ctx: RecordContext, domain: TimeDomain, timestamp: int,
                           namespace_bytes: bytes) -> None:
@@ -138,6 +149,7 @@ class TimerService:
                 # as in register()
                 self._fire(self._event, self._watermark(), TimeDomain.EVENT_TIME, ctx.epoch)
         elif self._processing.add(timer):
+            self._fire_covered_processing(ctx, timestamp)
             self._schedule_wakeup()
 
     def delete(self, ctx: RecordContext, domain: TimeDomain, timestamp: object,
