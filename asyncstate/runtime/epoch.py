@@ -43,6 +43,15 @@ class Epoch:
         return (f"<Epoch {self.epoch_id} {self.status.value} "
                 f"records={self.ongoing_record_count}>")
 
+    def join_while_finishing(self) -> bool:
+        """Count one more record in this epoch if it is finishing (work that one of its
+        records started after the trigger action, such as a timer firing registered by a
+        firing): True if it joined; the caller gives the record this epoch."""
+        if self.status is not EpochStatus.FINISHING:
+            return False
+        self.ongoing_record_count += 1
+        return True
+
 class EpochManager:
     """Assigns records to epochs and runs non-record actions in order."""
 

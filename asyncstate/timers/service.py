@@ -35,7 +35,7 @@ from asyncstate.errors import InvalidStateError
 from asyncstate.function import TimeDomain
 from asyncstate.keygroups import KeyGroupRange
 from asyncstate.runtime.context import RecordContext
-from asyncstate.runtime.epoch import Epoch, EpochStatus
+from asyncstate.runtime.epoch import Epoch
 from asyncstate.serde import NONE_BYTES, canonical_key, decode_key
 from asyncstate.timers.base import KeyGroupedInternalPriorityQueue
 from asyncstate.timers.heap_set import HeapPriorityQueueSet
@@ -108,48 +108,34 @@ class TimerService:
             raise InvalidStateError(
                 f"{self._owner} registers a timer but has no on_timer(timestamp, ctx) to fire "
                 "it; define on_timer (plain or async def)")
-        timer = self._timer(ctx, timestamp, namespace)
-        if timer in self._due(domain):
-            return  # its firing is on its way
-        if domain is TimeDomain.EVENT_TIME:
-            self._event.add(timer)
-            if (ctx.time_domain is TimeDomain.EVENT_TIME and not self._firing
-                    and timer.timestamp <= self._watermark()):
-                # Registered by a firing of the advance under way, for a time it covers,
-                # after the advance started its due timers: it starts now, and the advance
-                # waits for it as for the firing that registered it.
-                self._fire(self._event, self._watermark(), TimeDomain.EVENT_TIME, ctx.epoch)
-        elif self._processing.add(timer):
-            self._fire_covered_processing(ctx, timer.timestamp)
-            self._schedule_wakeup()
-
-    def _fire_covered_processing(self, ctx: RecordContext, timestamp: int) -> None:
-        """A processing-time timer that a firing of a ManualClock's advance registers for a
-        time the clock already covers, after the advance started its due timers, starts now
-        and joins the advance, as in event time (with the wall clock the wakeup fires it)."""
-        clock = self._clock
-        if (isinstance(clock, ManualClock) and ctx.time_domain is TimeDomain.PROCESSING_TIME
-                and not self._firing and timestamp <= clock.now_ms()):
-            self._fire(self._processing, clock.now_ms(), TimeDomain.PROCESSING_TIME,
-                       ctx.epoch)
+        self._add(ctx, domain, self._timer(ctx, timestamp, namespace))
 
     def register_internal(self, ctx: RecordContext, domain: TimeDomain, timestamp: int,
                           namespace_bytes: bytes) -> None:
         """Register an operator's own timer (see the module docstring) for `ctx`'s key:
         `namespace_bytes` must satisfy `is_internal_namespace`. It needs no on_timer."""
         assert is_internal_namespace(namespace_bytes)
-        timer = InternalTimer(timestamp, ctx.key, ctx.key_bytes, namespace_bytes,
-                              ctx.key_group)
+        self._add(ctx, domain, InternalTimer(timestamp, ctx.key, ctx.key_bytes,
+                                             namespace_bytes, ctx.key_group))
+
+    def _add(self, ctx: RecordContext, domain: TimeDomain, timer: InternalTimer) -> None:
+        """Queue `timer`, registered by `ctx`, unless its firing is on its way. Registered by
+        a firing of an advance under way (a watermark's, or a ManualClock's), for a time the
+        advance covers, after it started its due timers: it starts now, and the advance waits
+        for it as for the firing that registered it (with the wall clock the wakeup fires a
+        due processing-time timer)."""
         if timer in self._due(domain):
-            return  # as in register()
+            return
         if domain is TimeDomain.EVENT_TIME:
             self._event.add(timer)
             if (ctx.time_domain is TimeDomain.EVENT_TIME and not self._firing
-                    and timestamp <= self._watermark()):
-                # as in register()
-                self._fire(self._event, self._watermark(), TimeDomain.EVENT_TIME, ctx.epoch)
+                    and timer.timestamp <= self._watermark()):
+                self._fire(self._event, self._watermark(), domain, ctx.epoch)
         elif self._processing.add(timer):
-            self._fire_covered_processing(ctx, timestamp)
+            clock = self._clock
+            if (isinstance(clock, ManualClock) and ctx.time_domain is domain
+                    and not self._firing and timer.timestamp <= clock.now_ms()):
+                self._fire(self._processing, clock.now_ms(), domain, ctx.epoch)
             self._schedule_wakeup()
 
     def delete(self, ctx: RecordContext, domain: TimeDomain, timestamp: object,
@@ -198,9 +184,8 @@ class TimerService:
                 queue.poll()
                 self._due(domain).add(head)
                 ctx = self._make_context(head, domain)
-                if epoch is not None and epoch.status is EpochStatus.FINISHING:
-                    ctx.epoch = epoch
-                    epoch.ongoing_record_count += 1
+                if epoch is not None and epoch.join_while_finishing():
+                    ctx.epoch = epoch  # counted in it: the controller keeps it
                 self._start(ctx)
         finally:
             self._firing = False
