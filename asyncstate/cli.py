@@ -51,6 +51,12 @@ def build_parser(prog: str = "asyncstate") -> argparse.ArgumentParser:
     return parser
 
 
+def usage(parser: argparse.ArgumentParser) -> int:
+    """The handler of a command given without its subcommand: its help, exit status 2."""
+    parser.print_help(sys.stderr)
+    return 2
+
+
 def _silence_stdout() -> None:
     # Later writes, and the flush at interpreter exit, go nowhere instead of raising
     # BrokenPipeError again (the recipe of Python's signal module documentation).
@@ -80,6 +86,5 @@ def main(argv: list[str] | None = None, prog: str = "asyncstate") -> int:
     args = parser.parse_args(argv)
     handler: Handler | None = args.handler
     if handler is None:
-        parser.print_help(sys.stderr)
-        return 2
+        return usage(parser)
     return run_command(handler, args)

@@ -200,13 +200,32 @@ def test_flipped_byte_is_reported_as_damaged(copy: Path) -> None:
                                   f"  checksum mismatch in data file {str(data)!r}, key group ")
 
 
-def test_truncated_data_file_is_reported(copy: Path) -> None:
+def test_truncated_data_file_is_reported_as_damaged(copy: Path) -> None:
     data = data_file(copy / "part-2-0")
     data.write_bytes(data.read_bytes()[:-5])
     status, report, _ = inspect_json(copy)
     assert status == 1
-    assert report["status"] == "invalid"  # the manifest no longer matches its file
+    assert report["status"] == "damaged"  # the data file no longer matches its manifest
     assert "truncated or overwritten" in report["problem"]
+    proc = asyncstate_cmd("checkpoint", "inspect", str(copy))
+    assert proc.returncode == 1
+    assert proc.stdout.startswith(f"checkpoint {copy}: DAMAGED, cannot be restored\n"
+                                  f"  data file {str(data)!r} of checkpoint part part-2-0 has ")
+
+
+@pytest.mark.parametrize("damage", ["missing", "bad magic"])
+def test_missing_or_foreign_data_file_is_reported_as_damaged(copy: Path, damage: str) -> None:
+    data = data_file(copy / "part-2-1")
+    if damage == "missing":
+        data.unlink()
+    else:
+        blob = data.read_bytes()
+        data.write_bytes(b"X" * 4 + blob[4:])  # same size, not a data file
+    status, report, _ = inspect_json(copy)
+    assert status == 1
+    assert report["status"] == "damaged"
+    assert str(data) in report["problem"]
+    assert ("is missing" if damage == "missing" else "bad magic") in report["problem"]
 
 
 def test_uncommitted_part_is_reported_as_incomplete(copy: Path) -> None:

@@ -141,3 +141,111 @@ def test_cache_write_back_reaches_the_cache_arms_backend_and_the_results(tmp_pat
                  keys.hottest_share("zipf", 500, 0.99), seconds=0.3)
     assert result.answer_ok is True and result.littles_law_ok
     assert result.row()["cache_write_back"] is True
+
+
+# -- the command's arguments and its results directory --------------------------------------
+
+_ONE_SWEEP = ["experiment", "backpressure", "--quick", "--seconds", "0.2", "--latency-ms",
+              "0.2", "--max-in-flight", "100", "--buffer-timeout-ms", "1", "--rate", "3000",
+              "--keys", "500", "--distribution", "uniform", "--no-rocksdb"]
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--seconds", "0", "is not above 0"),
+    ("--seconds", "-1", "is not above 0"),
+    ("--seconds", "nan", "is not a finite number"),
+    ("--latency-ms", "0.2,inf", "is not a finite number"),
+    ("--latency-p99-ms", "nan", "is not a finite number"),
+    ("--latency-p99-ms", "-2", "is not above 0"),
+    ("--zipf-theta", "-1", "is below 0"),
+    ("--zipf-theta", "inf", "is not a finite number"),
+    ("--rate", "inf", "is not a finite number"),
+    ("--open-buffer-timeout-ms", "-1", "is below 0"),
+    ("--sample-every", "0", "is below 1"),
+])
+def test_an_option_out_of_range_stops_the_command_before_any_run(tmp_path, capsys, option,
+                                                                  value, says):
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as stopped:
+        main(["experiment", "backpressure", "--quick", option, value, "--out", str(out)])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and says in err, err
+    assert not out.exists()  # nothing ran, nothing was created
+
+
+def test_a_steep_zipf_exponent_draws_the_hottest_key_almost_always():
+    assert keys.hottest_share("zipf", 100_000, 100.0) == pytest.approx(1.0)
+    assert set(keys.key_stream("zipf", 100_000, 1_000, theta=100.0)) == {0}
+    assert keys.hottest_share("zipf", 1000, 0.0) == pytest.approx(1 / 1000)  # uniform
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_out_directory_that_cannot_be_written_stops_the_command(tmp_path, capsys, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    out = blocker if where == "a file" else blocker / "results"
+    assert main([*_ONE_SWEEP, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncstate experiment: cannot write results to {out}"), err
+    assert blocker.read_text() == "not a directory"
+
+
+def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path,
+                                                                      monkeypatch):
+    from asyncstate.commands import experiment
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(experiment.time, "strftime", lambda _fmt: "20260101-000000")
+    made = [experiment._make_out(None) for _ in range(3)]
+    base = tmp_path / "experiment-results"
+    assert [(path.resolve(), created) for path, created in made] == [
+        (base / "20260101-000000", True), (base / "20260101-000000-2", True),
+        (base / "20260101-000000-3", True)]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_into_an_earlier_runs_directory_replaces_its_files(tmp_path, capsys):
+    out = tmp_path / "results"
+    out.mkdir()
+    for name in FIGURES:
+        (out / name).write_bytes(b"an earlier run's figure")
+    (out / "results.csv").write_text("earlier\n")
+    (out / "notes.txt").write_text("the user's own file")
+    # Single values: only the latency sweep runs, so only its figure is drawn.
+    assert main([*_ONE_SWEEP, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "notes.txt", "results.csv", "results.json", "throughput_vs_latency.png"]
+    assert (out / "throughput_vs_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "results.csv").read_text().startswith("sweep,")
+
+
+@pytest.mark.timeout(120)
+def test_rows_show_the_knobs_each_arm_ran_with_and_in_flight_stays_under_its_peak(
+        tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main([*_ONE_SWEEP, "--rate", "3000,200000", "--out", str(out)]) == 0
+    capsys.readouterr()
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    sync = [r for r in rows if r["arm"] == "sync baseline"]
+    assert sync and all((r["batch_size"], r["buffer_timeout_ms"], r["max_in_flight"]) ==
+                        ("1", "0", "1") for r in sync)
+    for r in rows:
+        if r["arm"] != "sync baseline":
+            assert (r["batch_size"], r["max_in_flight"]) == ("1000", "100"), r
+        # The mean in flight counts admitted records only; the self-check's side adds the
+        # open loop's backlog, which at 200,000/s offered is far from empty.
+        assert float(r["mean_in_flight"]) <= int(r["in_flight_peak"]), r
+        assert float(r["mean_in_system"]) >= float(r["mean_in_flight"]), r
+    flooded = [r for r in rows if r["offered_rate"] == "200000.0"]
+    assert flooded and all(r["sustainable"] == "False" and
+                           float(r["mean_in_system"]) > int(r["in_flight_peak"])
+                           for r in flooded), flooded
+
+
+def test_experiment_without_a_subcommand_prints_its_own_help(capsys):
+    assert main(["experiment"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: asyncstate experiment [-h] EXPERIMENT") and \
+        "backpressure" in err, err

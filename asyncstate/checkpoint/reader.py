@@ -38,7 +38,7 @@ from asyncstate.config import MAX_MAX_PARALLELISM
 from asyncstate.errors import CheckpointError
 from asyncstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 
-__all__ = ["Checkpoint", "open_checkpoint"]
+__all__ = ["Checkpoint", "DataFileError", "open_checkpoint"]
 
 _CRC_MAX = 2**32
 _MAX_RECORDS = 2**32 - 1  # the most elements a msgpack array holds
@@ -58,6 +58,12 @@ def _ranges(key_groups: Iterable[int]) -> str:
 def _inside(path: str, root: str) -> bool:
     real = os.path.realpath(path)
     return real == root or real.startswith(root + os.sep)
+
+
+class DataFileError(CheckpointError):
+    """A committed part's data file does not match its manifest: missing, of another size,
+    not a data file, or its extra section damaged (a damaged checkpoint, not an invalid
+    one: its manifests are consistent)."""
 
 
 class _ManifestReader:
@@ -205,14 +211,14 @@ def _read_extra(part: PartManifest) -> dict[str, Any]:
     try:
         actual = os.stat(path).st_size
     except OSError as exc:
-        raise CheckpointError(
+        raise DataFileError(
             f"data file {path!r} of checkpoint part {part.name} is missing: {exc}",
             path=path) from exc
     if actual != part.data_size:
         damaged = [kg for kg, e in part.key_groups.items() if e.offset + e.size > actual]
         where = (f"key groups {_ranges(sorted(damaged))} are damaged" if damaged
                  else "its extra section is damaged")
-        raise CheckpointError(
+        raise DataFileError(
             f"data file {path!r} of checkpoint part {part.name} has {actual} bytes but its "
             f"manifest expects {part.data_size} (truncated or overwritten); {where}", path=path)
     e = part.extra_entry
@@ -221,19 +227,19 @@ def _read_extra(part: PartManifest) -> dict[str, Any]:
         f.seek(e.offset)
         blob = f.read(e.size)
     if magic != DATA_MAGIC:
-        raise CheckpointError(f"data file {path!r} is not an asyncstate checkpoint data file "
+        raise DataFileError(f"data file {path!r} is not an asyncstate checkpoint data file "
                               "(bad magic)", path=path)
     if len(blob) != e.size or zlib.crc32(blob) != e.crc32:
-        raise CheckpointError(
+        raise DataFileError(
             f"checksum mismatch in the extra section of data file {path!r}: the file is damaged",
             path=path)
     try:
         extra = msgpack.unpackb(blob, raw=False, strict_map_key=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise CheckpointError(f"extra section of data file {path!r} cannot be decoded: {exc}",
+        raise DataFileError(f"extra section of data file {path!r} cannot be decoded: {exc}",
                               path=path) from exc
     if not isinstance(extra, dict):
-        raise CheckpointError(f"extra section of data file {path!r} is not a map", path=path)
+        raise DataFileError(f"extra section of data file {path!r} is not a map", path=path)
     return extra
 
 

@@ -31,8 +31,9 @@ import msgpack
 
 from asyncstate.checkpoint.layout import MANIFEST_NAME, PartManifest
 from asyncstate.checkpoint.operator_state import read_operator_extras
-from asyncstate.checkpoint.reader import Checkpoint, open_checkpoint
+from asyncstate.checkpoint.reader import Checkpoint, DataFileError, open_checkpoint
 from asyncstate.checkpoint.snapshot import SECTION_STATE_ENTRIES, check_restorable
+from asyncstate.cli import usage
 from asyncstate.errors import CheckpointError
 from asyncstate.keygroups import KeyGroupRange
 
@@ -47,7 +48,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "checkpoint", help="look into checkpoints",
         description="Look into checkpoints written by KeyedOperator.snapshot.")
     actions = checkpoint.add_subparsers(title="actions", metavar="ACTION")
-    checkpoint.set_defaults(handler=lambda _args: _usage(checkpoint))
+    checkpoint.set_defaults(handler=lambda _args: usage(checkpoint))
     inspect = actions.add_parser(
         "inspect", help="parts, key groups, states, sizes and checksums of a checkpoint",
         description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -57,11 +58,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     inspect.add_argument("--json", action="store_true",
                          help="print the report as one JSON object")
     inspect.set_defaults(handler=_run_inspect)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
 
 
 def _progress(message: str) -> None:
@@ -112,6 +108,9 @@ def inspect_checkpoint(path: str, progress: Callable[[str], None] = lambda _m: N
         checkpoint = open_checkpoint(path)
     except CheckpointError as exc:
         report["problem"] = str(exc)
+        if isinstance(exc, DataFileError):
+            report["status"] = "damaged"
+            return report
         below = _checkpoints_below(path)
         if below and not report["parts_on_disk"]:
             report["problem"] += (f"; this directory holds checkpoints {', '.join(below)}: "

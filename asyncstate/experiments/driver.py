@@ -69,13 +69,15 @@ class RunResult:
 
     arm: str
     point: Point
+    config: ast.AsyncStateConfig  # the controller's knobs the arm ran with (sync: 1, 1)
     records: int
     seconds: float
     throughput: float
     latency_ms: dict[str, float]  # count, mean, min, p50, p90, p99, p99_9, max
     measured_store_latency_ms: float  # the mean latency the store slept per call
     in_flight_peak: int
-    mean_in_flight: float
+    mean_in_flight: float  # time-weighted mean of the records admitted and not finished
+    mean_in_system: float  # the same plus the open loop's backlog: Little's-law side
     blocked_seconds: float
     batches: int
     batch_size: dict[str, float]
@@ -107,14 +109,15 @@ class RunResult:
     def row(self) -> dict[str, Any]:
         """The run as one flat row (the CSV's columns; the JSON holds this and more)."""
         p = self.point
+        c = self.config
         lat = self.latency_ms
         return {
             "arm": self.arm, "workload": p.workload, "mode": p.mode,
             "offered_rate": p.rate, "latency_ms": p.latency_ms,
             "latency_p99_ms": p.latency_p99_ms,
             "measured_store_latency_ms": self.measured_store_latency_ms,
-            "batch_size": p.batch_size, "buffer_timeout_ms": p.buffer_timeout_ms,
-            "max_in_flight": p.max_in_flight, "io_parallelism": p.io_parallelism,
+            "batch_size": c.batch_size, "buffer_timeout_ms": c.buffer_timeout_ms,
+            "max_in_flight": c.max_in_flight, "io_parallelism": p.io_parallelism,
             "keys": p.keys, "distribution": p.distribution, "zipf_theta": p.zipf_theta,
             "cache_entries": p.cache_size if "cache" in self.arm else 0,
             "cache_write_back": p.cache_write_back and "cache" in self.arm,
@@ -123,6 +126,7 @@ class RunResult:
             "latency_p99_9_ms": lat["p99_9"], "latency_mean_ms": lat["mean"],
             "latency_max_ms": lat["max"], "latency_samples": lat["count"],
             "in_flight_peak": self.in_flight_peak, "mean_in_flight": self.mean_in_flight,
+            "mean_in_system": self.mean_in_system,
             "blocked_seconds": self.blocked_seconds, "batches": self.batches,
             "mean_batch_size": self.batch_size["mean"],
             "p99_batch_size": self.batch_size["p99"],
@@ -278,7 +282,8 @@ async def _run(arm: Arm, point: Point, keys: Sequence[int], hottest_share: float
             except TimeoutError:
                 drained = False
             elapsed = time.perf_counter() - feed.started
-            in_system = occupancy.mean() + feed.waited / elapsed
+            in_flight = occupancy.mean()
+            in_system = in_flight + feed.waited / elapsed
             feed.rss_peak = max(feed.rss_peak, _rss_mb())
             metrics = op.metrics
             if not drained:
@@ -308,9 +313,11 @@ async def _run(arm: Arm, point: Point, keys: Sequence[int], hottest_share: float
             or last.percentile(50) <= 2 * first.percentile(50) + _LATENCY_SLACK_US)
     stats = op.controller.batch_stats
     return RunResult(
-        arm=arm.name, point=point, records=done, seconds=elapsed, throughput=throughput,
+        arm=arm.name, point=point, config=config, records=done, seconds=elapsed,
+        throughput=throughput,
         latency_ms=latency, measured_store_latency_ms=store_latency,
-        in_flight_peak=metrics["in_flight_peak"], mean_in_flight=in_system,
+        in_flight_peak=metrics["in_flight_peak"], mean_in_flight=in_flight,
+        mean_in_system=in_system,
         blocked_seconds=feed.blocked, batches=metrics["batches"],
         batch_size=metrics["batch_size"], batch_size_buckets=stats.batch_sizes.buckets(),
         cache_hit_rate=hit_rate, k=figures["k"], bound=figures["bound"],

@@ -23,7 +23,8 @@ COLUMNS = ("sweep", "value", "arm", "workload", "mode", "offered_rate", "latency
            "max_in_flight", "io_parallelism", "keys", "distribution", "zipf_theta", "cache_entries",
            "cache_write_back", "records", "seconds", "throughput", "latency_p50_ms",
            "latency_p99_ms_measured", "latency_p99_9_ms", "latency_mean_ms", "latency_max_ms",
-           "latency_samples", "in_flight_peak", "mean_in_flight", "blocked_seconds", "batches",
+           "latency_samples", "in_flight_peak", "mean_in_flight", "mean_in_system",
+           "blocked_seconds", "batches",
            "mean_batch_size", "p99_batch_size", "cache_hit_rate", "k", "bound", "ratio_to_bound",
            "hot_key_bound", "littles_law_error", "littles_law_ok", "sustainable", "backlog_end",
            "backlog_max", "rss_start_mb", "rss_peak_mb", "answer_ok", "error")
@@ -157,7 +158,8 @@ def table(runs: Sequence[Run]) -> Any:
             "; ".join(notes))
     t.caption = ("rec/s: records per second; latency: admission (closed loop) or intended "
                  "arrival (open loop) to completion, sampled; in flight: time-weighted mean "
-                 "(peak); batch: mean requests per executor call; hit: cache hit rate; bound:"
-                 " min(N, R*B)/(k*L) with the measured store latency L; Little: mean in "
-                 "flight = throughput x mean latency within 5 %")
+                 "(peak), records admitted and not finished; batch: mean requests per executor "
+                 "call; hit: cache hit rate; bound: min(N, R*B)/(k*L) with the measured store "
+                 "latency L; Little: mean in the system (in flight, plus the source's backlog "
+                 "in open loop) = throughput x mean latency within 5 %")
     return t
