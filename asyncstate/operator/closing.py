@@ -43,10 +43,20 @@ async def close(function: object, operator: object, backend: StateExecutor, *, o
         watchdog.stop()
     if timers is not None:
         timers.close()
+    # Failing the outstanding futures resumes the records waiting on them: one that raises a
+    # KeyboardInterrupt or SystemExit raises it out of here (as asyncio's Tasks do). It is
+    # raised once everything is closed, never instead of closing.
+    raised: BaseException | None = None
     if opened:
         assert controller is not None and driver is not None
-        controller.close()
-        await driver.cancel_and_wait(RECORD_TASKS_GRACE_S)
+        try:
+            controller.close()
+        except BaseException as exc:  # noqa: BLE001 - raised below
+            raised = exc
+        try:
+            await driver.cancel_and_wait(RECORD_TASKS_GRACE_S)
+        except BaseException as exc:  # noqa: BLE001 - raised below
+            raised = raised or exc
     closed: Any = None
     try:
         functions.unbind(function, operator)
@@ -59,6 +69,8 @@ async def close(function: object, operator: object, backend: StateExecutor, *, o
             gc_threshold.release(held_gc_threshold)
         backend.close()
     await functions.settle(closed)
+    if raised is not None:
+        raise raised
 
 
 async def close_after(close: Callable[[], Awaitable[None]], primary: BaseException) -> None:

@@ -351,3 +351,51 @@ async def test_restore_from_accepts_a_path_object(tmp_path):
             await restored.process(record)
         await restored.drain()
         assert restored.outputs() == [(1, 3), (2, 2), (3, 1)]
+
+
+class _StopsAt(ast.KeyedProcessFunction):
+    """Counts per key; record 50 raises `exc` while other keys' records wait on state."""
+
+    def __init__(self, exc: type[BaseException]) -> None:
+        self.exc = exc
+        self.closed = False
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: int, ctx: Any) -> None:
+        if value == 50:
+            raise self.exc("stop")
+        await self.count.update((await self.count.value() or 0) + 1)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("cache", [0, 4])
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_keyboard_interrupt_of_user_code_still_closes_everything(
+        tmp_path: Path, exc: type[BaseException], cache: int, remote: bool) -> None:
+    # Failing the futures that records wait on resumes those records; one of them re-raising
+    # the interrupt must not cut closing short: the function's close(), the GC threshold
+    # and the database (reopened at once below) are all released.
+    import gc
+
+    def backend(path: Path) -> Any:
+        if remote:
+            return ast.SimulatedRemoteBackend(ast.RocksDBBackend(path), latency_ms=0.3,
+                                              cache_entries=cache)
+        return ast.RocksDBBackend(path, cache_entries=cache)
+
+    function = _StopsAt(exc)
+    threshold = gc.get_threshold()
+    with pytest.raises(exc, match="stop"):
+        ast.run(function, range(100), key_selector=lambda r: r % 5,
+                backend=backend(tmp_path / "db"))
+    assert function.closed
+    assert gc.get_threshold() == threshold
+    again = _StopsAt(RuntimeError)
+    ast.run(again, [1, 2], key_selector=lambda r: r, backend=ast.RocksDBBackend(tmp_path / "db"))
+    assert again.closed
