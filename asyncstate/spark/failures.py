@@ -30,7 +30,7 @@ from typing import Any
 from asyncstate.errors import AsyncStateError
 from asyncstate.log import get_logger
 
-__all__ = ["PartitionFailure", "carry", "install_driver_hook", "rebuild"]
+__all__ = ["PartitionFailure", "carry", "carry_from_task", "install_driver_hook", "rebuild"]
 
 log = get_logger("asyncstate.spark")
 
@@ -50,20 +50,40 @@ def _pickle(exc: BaseException, note: str) -> bytes | None:
     try:
         from pyspark import cloudpickle  # by value for classes of __main__ and closures
         data: bytes = cloudpickle.dumps((exc, note))  # type: ignore[no-untyped-call]
+        pickle.loads(data)
     except Exception as err:  # noqa: BLE001 - anything unpicklable travels as text only
-        log.warning("spark.exception_not_picklable", type=type(exc).__name__, error=repr(err))
-        return None
+        stand_in = _builtin_stand_in(exc)
+        if stand_in is None:
+            log.warning("spark.exception_not_picklable", type=type(exc).__name__,
+                        error=repr(err))
+            return None
+        # An exception that pickles but does not unpickle (PySpark's own errors take their
+        # message apart in __init__): its nearest builtin class, with its message, stands in.
+        return _pickle(stand_in, f"{note}\n(a {type(exc).__qualname__}, which does not "
+                                 f"unpickle: {type(err).__name__}: {err})")
     return data if len(data) <= _MAX_PAYLOAD else None
 
 
-def carry(exc: Exception, *, partition: int, attempt: int, stage: int | None) -> PartitionFailure:
-    """A PartitionFailure carrying `exc` to the driver (raise it `from exc`).
+def _builtin_stand_in(exc: BaseException) -> BaseException | None:
+    """`exc`'s message as an instance of its nearest builtin exception class (other than
+    `exc`'s own), or None."""
+    for cls in type(exc).__mro__[1:]:
+        if cls.__module__ == "builtins" and issubclass(cls, Exception):
+            return cls(str(exc))
+    return None
+
+
+def carry(exc: Exception, *, partition: int, attempt: int, stage: int | None,
+          doing: str = "") -> PartitionFailure:
+    """A PartitionFailure carrying `exc` to the driver (raise it `from exc`); `doing` says
+    what the task was doing, when not running the function ("while routing records").
 
     Tracebacks are not pickled (nor, by every exception type, notes): the partition, attempt,
     host and the traceback in the worker travel beside `exc`, and the driver adds them to it
     as a note.
     """
-    where = (f"raised in Spark partition {partition} (attempt {attempt}"
+    where = (f"raised {doing + ' ' if doing else ''}in Spark partition {partition} "
+             f"(attempt {attempt}"
              + (f", stage {stage}" if stage is not None else "")
              + f") on host {socket.gethostname()}")
     worker_tb = "".join(traceback.format_exception(exc)).rstrip()
@@ -74,6 +94,18 @@ def carry(exc: Exception, *, partition: int, attempt: int, stage: int | None) ->
     if data is not None:
         text += f"\n[{_MARK}:{base64.b64encode(data).decode('ascii')}]"
     return PartitionFailure(text)
+
+
+def carry_from_task(exc: Exception, doing: str) -> PartitionFailure:
+    """`carry` for code running in a Spark task outside a bridge partition (the routing of
+    records before the shuffle): the partition and attempt are the running task's."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return carry(exc, partition=-1, attempt=0, stage=None, doing=doing)
+    return carry(exc, partition=tc.partitionId(), attempt=tc.attemptNumber(),
+                 stage=tc.stageId(), doing=doing)
 
 
 def rebuild(error: BaseException) -> BaseException | None:

@@ -9,6 +9,7 @@ run (and commit their checkpoint parts) when an action evaluates the result.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -19,16 +20,18 @@ from asyncstate.config import AsyncStateConfig, check_int
 from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.function import KeyedProcessFunction
 from asyncstate.operator.arguments import check_selector, check_timestamp
-from asyncstate.spark.failures import install_driver_hook
-from asyncstate.spark.partition import BackendSpec, PartitionSpec, run_partition
+from asyncstate.spark.failures import carry, install_driver_hook
+from asyncstate.spark.partition import BackendSpec, PartitionSpec, TaskInfo, run_partition
 from asyncstate.spark.report import RunReport
 from asyncstate.spark.routing import (
-    ROUTE_COLUMN,
     Router,
     arrow_available,
+    partition_index,
     route_dataframe_arrow,
     route_rdd,
+    routed_rows,
 )
+from asyncstate.spark.rows import ArrowOutput, OutputCheck, input_converter
 from asyncstate.spark.session import driver_log_level, use_driver_python
 
 __all__ = ["BATCH_ID_PROPERTY", "partition_runner", "process_keyed"]
@@ -40,50 +43,78 @@ _ROUTINGS = ("auto", "rdd", "arrow")
 
 
 class _RunRecords:
-    """mapPartitions function over plain records (`partition_runner`)."""
+    """Function over plain records (`partition_runner`): for `mapPartitions` (the partition
+    index is the task's) or `mapPartitionsWithIndex` (the index Spark gives)."""
 
     def __init__(self, spec: PartitionSpec) -> None:
         self.spec = spec
 
-    def __call__(self, records: Iterable[Any]) -> Iterator[Any]:
-        for chunk in run_partition(self.spec, records):
+    def __call__(self, *args: Any) -> Iterator[Any]:
+        index, records = (None, args[0]) if len(args) == 1 else args
+        for chunk in run_partition(self.spec, records, TaskInfo.current(index)):
             yield from chunk
 
 
-class _RunPairs(_RunRecords):
-    """mapPartitions function over the ``(index, record)`` pairs of the RDD route."""
+class _RunPairs:
+    """mapPartitionsWithIndex function over the ``(index, record)`` pairs of the RDD route;
+    with `check`, outputs are checked against `output_schema` here, where a failure is
+    carried to the driver as itself."""
 
-    def __call__(self, records: Iterable[Any]) -> Iterator[Any]:
-        return super().__call__(record for _, record in records)
+    def __init__(self, spec: PartitionSpec, check: OutputCheck | None = None) -> None:
+        self.spec = spec
+        self.check = check
+
+    def __call__(self, index: int, pairs: Iterable[Any]) -> Iterator[Any]:
+        records = (record for _, record in pairs)
+        task = TaskInfo.current(index)
+        check = self.check
+        for chunk in run_partition(self.spec, records, task):
+            if check is not None:
+                try:
+                    check(chunk)
+                except Exception as exc:
+                    raise _output_failure(exc, task) from exc
+            yield from chunk
+
+
+def _output_failure(exc: Exception, task: TaskInfo) -> Exception:
+    """An emitted value that `output_schema` refuses, carried to the driver as itself."""
+    return carry(exc, partition=task.partition, attempt=task.attempt, stage=task.stage,
+                 doing="while checking outputs against output_schema")
 
 
 class _RunArrow:
-    """mapInArrow function over routed Arrow batches; yields Arrow batches of the outputs."""
+    """mapInArrow function over routed Arrow batches; yields Arrow batches of the outputs.
+    The partition's index comes from its rows' route column (every routed partition holds
+    a marker row at least)."""
 
-    def __init__(self, spec: PartitionSpec, schema: Any) -> None:
+    def __init__(self, spec: PartitionSpec, input_schema: Any, output: ArrowOutput) -> None:
         self.spec = spec
-        self.schema = schema  # a pyarrow.Schema
+        self.input_schema = input_schema  # the Spark schema of the rows (without routing)
+        self.output = output
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        rows = (row for batch in batches
-                for row in batch.drop_columns([ROUTE_COLUMN]).to_pylist())
-        for chunk in run_partition(self.spec, rows):
-            yield _to_arrow(chunk, self.schema)
+        spec = self.spec
+        batches = iter(batches)
+        first = next((b for b in batches if b.num_rows), None)
+        if first is None:
+            raise RuntimeError("a routed partition received no rows, not even its marker "
+                               "row: it cannot tell which key groups it holds")
+        task = TaskInfo.current(partition_index(first, spec.num_partitions))
+        convert = input_converter(self.input_schema)
 
+        def rows() -> Iterator[Any]:
+            for batch in itertools.chain((first,), batches):
+                part = routed_rows(batch).to_pylist()
+                yield from part if convert is None else map(convert, part)
 
-def _to_arrow(values: list[Any], schema: Any) -> Any:
-    """Emitted values as one Arrow batch: dicts by field name, tuples (and Rows) by position."""
-    import pyarrow as pa
-
-    if isinstance(values[0], dict):
-        return pa.RecordBatch.from_pylist(values, schema=schema)
-    columns: list[Any] = list(zip(*values, strict=True))
-    if len(columns) != len(schema):
-        raise ConfigError("output_schema", schema.names,
-                          f"as many fields as each emitted value has items ({len(columns)})")
-    return pa.RecordBatch.from_arrays(
-        [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)],
-        schema=schema)
+        output = self.output
+        for chunk in run_partition(spec, rows(), task):
+            try:
+                batch = output.batch(chunk)
+            except Exception as exc:
+                raise _output_failure(exc, task) from exc
+            yield batch
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
@@ -245,7 +276,9 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
             from pyspark.sql.pandas.types import to_arrow_schema
 
             routed = route_dataframe_arrow(data, router, num_partitions)
-            return routed.mapInArrow(_RunArrow(spec, to_arrow_schema(schema)), schema)
+            timezone = data.sparkSession.conf.get("spark.sql.session.timeZone")
+            output = ArrowOutput(schema, to_arrow_schema(schema, timezone=timezone))
+            return routed.mapInArrow(_RunArrow(spec, data.schema, output), schema)
         if routing == "arrow":
             raise ConfigError("routing", routing, '"arrow" only for a DataFrame with an '
                               "output_schema")
@@ -253,12 +286,13 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
     elif routing == "arrow":
         raise ConfigError("routing", routing, '"arrow" only for a DataFrame with an '
                           "output_schema")
-    out = route_rdd(data, router, num_partitions).mapPartitions(
-        _RunPairs(spec), preservesPartitioning=True)
+    out = route_rdd(data, router, num_partitions).mapPartitionsWithIndex(
+        _RunPairs(spec, None if schema is None else OutputCheck(schema)),
+        preservesPartitioning=True)
     if schema is None:
         return out
     spark = SparkSession.getActiveSession() or SparkSession(sc)
-    return spark.createDataFrame(out, schema=schema)
+    return spark.createDataFrame(out, schema=schema, verifySchema=False)  # checked above
 
 
 def partition_runner(function_factory: Callable[[], KeyedProcessFunction], *,

@@ -83,14 +83,18 @@ class TaskInfo:
     stage: int = 0
 
     @classmethod
-    def current(cls) -> TaskInfo:
+    def current(cls, partition: int | None = None) -> TaskInfo:
+        """The running task's; `partition`: the index of the partition it computes, when
+        known (Spark's partition id is that of the stage's last RDD, another partition's
+        under `coalesce` or `union`)."""
         from pyspark import TaskContext
 
         tc = TaskContext.get()
         if tc is None:
             raise RuntimeError("no Spark task is running in this thread: a bridge partition "
                                "runs inside rdd.mapPartitions or foreachPartition")
-        return cls(tc.partitionId(), tc.attemptNumber(), tc.stageId())
+        return cls(tc.partitionId() if partition is None else partition, tc.attemptNumber(),
+                   tc.stageId())
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

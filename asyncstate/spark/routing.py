@@ -31,17 +31,21 @@ from asyncstate.keygroups import (
 )
 
 __all__ = [
+    "MARKER_COLUMN",
     "ROUTE_COLUMN",
     "Router",
     "arrow_available",
     "exact_partition",
+    "partition_index",
     "route_dataframe_arrow",
     "route_rdd",
     "route_values",
+    "routed_rows",
     "spark_hash_int",
 ]
 
 ROUTE_COLUMN = "__asyncstate_route"
+MARKER_COLUMN = "__asyncstate_marker"  # set on the one marker row each partition receives
 _SPARK_HASH_SEED = 42  # the seed of Spark's `hash()` and of HashPartitioning
 _INT = struct.Struct("<i")
 
@@ -63,9 +67,15 @@ class Router:
 
     def keyed(self, records: Iterator[Any]) -> Iterator[tuple[int, Any]]:
         """``(operator index, record)`` pairs, for `partitionBy`."""
+        from asyncstate.spark.failures import carry_from_task
+
         owner, select, max_p = self.owner, self.key_selector, self.max_parallelism
         for record in records:
-            yield owner[assign_to_key_group(select(record), max_p)], record
+            try:
+                index = owner[assign_to_key_group(select(record), max_p)]
+            except Exception as exc:  # the key selector's: carried to the driver as itself
+                raise carry_from_task(exc, "while routing records by key") from exc
+            yield index, record
 
 
 def exact_partition(index: int) -> int:
@@ -118,26 +128,80 @@ def arrow_available() -> bool:
 
 
 class _AddRoute:
-    """mapInArrow function: appends the route column to each batch."""
+    """mapInArrow function: appends the route column to each batch, computed from the rows
+    as the function will see them (`asyncstate.spark.rows`). A marker row goes to the
+    partition its marker column names."""
 
-    def __init__(self, router: Router, num_partitions: int) -> None:
+    def __init__(self, router: Router, num_partitions: int, schema: Any) -> None:
         self.router = router
         self.values = route_values(num_partitions)
+        self.schema = schema  # the DataFrame's Spark schema, for the rows' conversion
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        from asyncstate.spark.failures import carry_from_task
+        from asyncstate.spark.rows import input_converter
+
         router, values = self.router, self.values
+        convert = input_converter(self.schema)
         for batch in batches:
-            route = [values[router(row)] for row in batch.to_pylist()]
+            markers = batch.column(MARKER_COLUMN)
+            rows = batch.drop_columns([MARKER_COLUMN]).to_pylist()
+            try:
+                if convert is not None:
+                    rows = [convert(row) for row in rows]
+                if markers.null_count == len(rows):
+                    route = [values[router(row)] for row in rows]
+                else:
+                    route = [values[router(row)] if m is None else values[m]
+                             for row, m in zip(rows, markers.to_pylist(), strict=True)]
+            except Exception as exc:  # the key selector's: carried to the driver as itself
+                raise carry_from_task(exc, "while routing records by key") from exc
             yield batch.append_column(ROUTE_COLUMN, pa.array(route, pa.int32()))
 
 
 def route_dataframe_arrow(df: Any, router: Router, num_partitions: int) -> Any:
     """`df` with a route column, repartitioned so partition i holds exactly the rows of
-    operator i (the runner drops the column)."""
+    operator i, and one marker row more (its other columns null), so that no partition is
+    empty: a partition learns its index from its rows (`partition_index`), never from the
+    Spark task, whose partition id is another under `coalesce` or `union` of the result."""
+    from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, StructField, StructType
 
-    schema = StructType([*df.schema.fields, StructField(ROUTE_COLUMN, IntegerType(), False)])
-    with_route = df.mapInArrow(_AddRoute(router, num_partitions), schema)
+    fields = df.schema.fields
+    marked = df.withColumn(MARKER_COLUMN, F.lit(None).cast(IntegerType()))
+    markers = df.sparkSession.range(num_partitions).select(
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in fields],
+        F.col("id").cast(IntegerType()).alias(MARKER_COLUMN))
+    schema = StructType([*(StructField(f.name, f.dataType, True, f.metadata) for f in fields),
+                         StructField(MARKER_COLUMN, IntegerType(), True),
+                         StructField(ROUTE_COLUMN, IntegerType(), False)])
+    with_route = marked.union(markers).mapInArrow(
+        _AddRoute(router, num_partitions, df.schema), schema)
     return with_route.repartition(num_partitions, ROUTE_COLUMN)
+
+
+def partition_index(batch: Any, num_partitions: int) -> int:
+    """The partition a routed Arrow batch (with rows) belongs to, from its route column;
+    RuntimeError when its rows disagree (the shuffle did not place them as computed)."""
+    import pyarrow.compute as pc
+
+    route = batch.column(ROUTE_COLUMN)
+    bounds = pc.min_max(route).as_py()
+    values = route_values(num_partitions)
+    if bounds["min"] != bounds["max"] or bounds["min"] not in values:
+        raise RuntimeError(f"a routed partition holds rows of route values {bounds['min']} to "
+                           f"{bounds['max']}, not of one of {values}: Spark's hash "
+                           "partitioning did not place them as computed")
+    return values.index(bounds["min"])
+
+
+def routed_rows(batch: Any) -> Any:
+    """A routed Arrow batch without its marker rows and the routing columns."""
+    import pyarrow.compute as pc
+
+    markers = batch.column(MARKER_COLUMN)
+    if markers.null_count != batch.num_rows:
+        batch = batch.filter(pc.is_null(markers))
+    return batch.drop_columns([MARKER_COLUMN, ROUTE_COLUMN])

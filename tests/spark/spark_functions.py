@@ -228,3 +228,56 @@ class ExpiringCount(ast.KeyedProcessFunction):
         found = await self.count.value()
         ctx.emit(("read", ctx.current_key, found, _task()[0]))
         await self.count.update((found or 0) + 1)
+
+
+class CountOnly(ast.KeyedProcessFunction):
+    """Counts records per key; emits (key, count): nothing about where it ran."""
+
+    def open(self, ctx: ast.RuntimeContext) -> None:
+        self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        n = (await self.count.value() or 0) + 1
+        await self.count.update(n)
+        ctx.emit((ctx.current_key, n))
+
+
+def _described(value: Any) -> Any:
+    """A value with the type of every part spelled out (dicts sorted): what a function
+    sees, comparable across routes."""
+    if isinstance(value, dict):
+        return ("dict", sorted((repr(k), _described(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_described(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+class DescribeRow(ast.KeyedProcessFunction):
+    """Emits (key, the row as the function received it, spelled out)."""
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        ctx.emit((ctx.current_key, repr(_described(value))))
+
+
+class EmitGiven(ast.KeyedProcessFunction):
+    """Emits what the row's "emit" column names: ("tuple", a, b), ("dict", a, b) or
+    ("stamp", a, None), the last with a naive datetime."""
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        import datetime
+
+        how, a, b = value["how"], value["a"], value["b"]
+        if how == "dict":
+            ctx.emit({"b": b, "a": a})  # by name, in another order
+        elif how == "float":
+            ctx.emit((a, 1.9))
+        elif how == "null":
+            ctx.emit((None, b))
+        elif how == "stamp":
+            ctx.emit((a, datetime.datetime(2024, 1, 1, 12, 30)))
+        else:
+            ctx.emit((a, b))
+
+
+def key_of_missing_column(record: Any) -> Any:
+    return record["no_such_column"]
