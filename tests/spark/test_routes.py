@@ -156,3 +156,20 @@ def test_an_exception_of_the_key_selector_reaches_the_driver_as_itself(
                              num_partitions=2, backend="heap",
                              output_schema="key long, n long", routing=routing).collect()
     assert any("while routing records by key" in note for note in raised.value.__notes__)
+
+
+def test_partition_runner_under_map_partitions_with_index_survives_coalesce(sc: Any) -> None:
+    import asyncstate as ast
+
+    data = [(k % 40, i) for i, k in enumerate(range(1_000))]
+    parts: list[list[tuple[int, int]]] = [[] for _ in range(3)]
+    for record in data:
+        parts[ast.compute_operator_index_for_key_group(
+            128, 3, ast.assign_to_key_group(key_of(record), 128))].append(record)
+    rdd = sc.parallelize(range(3), 3).flatMap(lambda i: parts[i])
+    run = aspark.partition_runner(CountOnly, key_selector=key_of, num_partitions=3,
+                                  backend="heap")
+    _counts_continue(rdd.mapPartitionsWithIndex(run).coalesce(1).collect(), Counter(), data)
+    # Under mapPartitions the index is the task's: coalesced, every partition claims 0.
+    with pytest.raises(ast.KeyGroupError, match="outside this operator's key groups"):
+        rdd.mapPartitions(run).coalesce(1).collect()
