@@ -711,7 +711,8 @@ class AsyncExecutionController:
     def close(self) -> None:
         """Cancel the buffer timeout and fail every request still outstanding (queued,
         blocked, parked or in the executor) so that nothing waits on them forever. The
-        executor is closed by its owner."""
+        executor is closed by its owner. A KeyboardInterrupt or SystemExit that a record
+        resumed by a failed future raises is raised once every future is failed."""
         if self._closed:
             return
         self._closed = True
@@ -727,11 +728,19 @@ class AsyncExecutionController:
             requests.extend(parked)
         self._parked.clear()
         requests.extend(self._buffer.drain_blocked())
+        # Failing a future resumes the records waiting on it at once: one that raises a
+        # KeyboardInterrupt or SystemExit (as from an asyncio Task's step) is raised after
+        # every other future and waiter has been failed too.
+        raised: BaseException | None = None
         for request in requests:
             fut = request.future
             if not fut.done():
                 fut._observed = True
-                fut._fail(exc)
+                try:
+                    fut._fail(exc)
+                except BaseException as interrupt:  # noqa: BLE001 - raised below
+                    if raised is None:
+                        raised = interrupt
         # Calls still waiting in other tasks (a drain, a watermark) end now rather than wait
         # for records that will never finish.
         waiters, self._waiters = self._waiters, []
@@ -740,6 +749,8 @@ class AsyncExecutionController:
                 waiter.set_exception(self._failure if self._failure is not None else
                                      InvalidStateError("the operator closed before this call "
                                                        "returned"))
+        if raised is not None:
+            raise raised
 
     # -- gauges ----------------------------------------------------------------------------
 

@@ -359,6 +359,7 @@ class _StopsAt(ast.KeyedProcessFunction):
     def __init__(self, exc: type[BaseException]) -> None:
         self.exc = exc
         self.closed = False
+        self.started = self.unwound = 0
 
     def open(self, ctx: ast.RuntimeContext) -> None:
         self.count = ctx.get_state(ast.ValueStateDescriptor("count"))
@@ -366,7 +367,11 @@ class _StopsAt(ast.KeyedProcessFunction):
     async def process_element(self, value: int, ctx: Any) -> None:
         if value == 50:
             raise self.exc("stop")
-        await self.count.update((await self.count.value() or 0) + 1)
+        self.started += 1
+        try:
+            await self.count.update((await self.count.value() or 0) + 1)
+        finally:
+            self.unwound += 1
 
     def close(self) -> None:
         self.closed = True
@@ -376,11 +381,14 @@ class _StopsAt(ast.KeyedProcessFunction):
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
 @pytest.mark.parametrize("cache", [0, 4])
 @pytest.mark.parametrize("remote", [False, True])
+@pytest.mark.parametrize("keys", [5, 100])
 def test_a_keyboard_interrupt_of_user_code_still_closes_everything(
-        tmp_path: Path, exc: type[BaseException], cache: int, remote: bool) -> None:
+        tmp_path: Path, exc: type[BaseException], cache: int, remote: bool, keys: int) -> None:
     # Failing the futures that records wait on resumes those records; one of them re-raising
-    # the interrupt must not cut closing short: the function's close(), the GC threshold
-    # and the database (reopened at once below) are all released.
+    # the interrupt must not cut closing short: every waiting record is failed, and the
+    # function's close(), the GC threshold and the database (reopened at once below) are
+    # all released. With 5 keys the record raising waits for its key; with 100 it raises
+    # at once and the interrupt fails the others.
     import gc
 
     def backend(path: Path) -> Any:
@@ -392,9 +400,10 @@ def test_a_keyboard_interrupt_of_user_code_still_closes_everything(
     function = _StopsAt(exc)
     threshold = gc.get_threshold()
     with pytest.raises(exc, match="stop"):
-        ast.run(function, range(100), key_selector=lambda r: r % 5,
+        ast.run(function, range(100), key_selector=lambda r: r % keys,
                 backend=backend(tmp_path / "db"))
     assert function.closed
+    assert function.unwound == function.started  # every waiting record was failed, not left
     assert gc.get_threshold() == threshold
     again = _StopsAt(RuntimeError)
     ast.run(again, [1, 2], key_selector=lambda r: r, backend=ast.RocksDBBackend(tmp_path / "db"))
