@@ -65,11 +65,18 @@ def _pickle(exc: BaseException, note: str) -> bytes | None:
 
 
 def _builtin_stand_in(exc: BaseException) -> BaseException | None:
-    """`exc`'s message as an instance of its nearest builtin exception class (other than
-    `exc`'s own), or None."""
-    for cls in type(exc).__mro__[1:]:
-        if cls.__module__ == "builtins" and issubclass(cls, Exception):
-            return cls(str(exc))
+    """An instance of `exc`'s nearest builtin exception class (its own, if builtin) made of
+    its arguments, or of its message, that survives pickling; None if there is none."""
+    for cls in type(exc).__mro__:
+        if cls.__module__ != "builtins" or not issubclass(cls, Exception):
+            continue
+        for args in (exc.args, (str(exc),)):
+            try:
+                stand_in = cls(*args)
+                pickle.loads(pickle.dumps(stand_in))
+            except Exception:  # noqa: BLE001 - the next form, or the next class
+                continue
+            return stand_in
     return None
 
 

@@ -9,6 +9,7 @@ run (and commit their checkpoint parts) when an action evaluates the result.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -115,6 +116,14 @@ class _RunArrow:
             except Exception as exc:
                 raise _output_failure(exc, task) from exc
             yield batch
+
+
+def _arrow_schema(to_arrow_schema: Callable[..., Any], schema: Any) -> Any:
+    """PySpark's Arrow schema of `schema`: timestamps in UTC, as PySpark's own workers send
+    them (versions whose `to_arrow_schema` takes a time zone require one for timestamps)."""
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema)
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
@@ -276,8 +285,7 @@ def process_keyed(data: Any, function_factory: Callable[[], KeyedProcessFunction
             from pyspark.sql.pandas.types import to_arrow_schema
 
             routed = route_dataframe_arrow(data, router, num_partitions)
-            timezone = data.sparkSession.conf.get("spark.sql.session.timeZone")
-            output = ArrowOutput(schema, to_arrow_schema(schema, timezone=timezone))
+            output = ArrowOutput(schema, _arrow_schema(to_arrow_schema, schema))
             return routed.mapInArrow(_RunArrow(spec, data.schema, output), schema)
         if routing == "arrow":
             raise ConfigError("routing", routing, '"arrow" only for a DataFrame with an '

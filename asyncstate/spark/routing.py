@@ -148,9 +148,9 @@ class _AddRoute:
         for batch in batches:
             markers = batch.column(MARKER_COLUMN)
             rows = batch.drop_columns([MARKER_COLUMN]).to_pylist()
+            if convert is not None:
+                rows = [convert(row) for row in rows]
             try:
-                if convert is not None:
-                    rows = [convert(row) for row in rows]
                 if markers.null_count == len(rows):
                     route = [values[router(row)] for row in rows]
                 else:

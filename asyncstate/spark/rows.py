@@ -5,18 +5,22 @@ Arrow batches. Both directions must give what the RDD route gives, so that a fun
 not change behaviour with pyarrow installed:
 
 - in: a row reaches the function as ``Row.asDict(recursive=True)`` does: maps as dicts
-  (Arrow's `to_pylist` gives lists of pairs), timestamps as naive datetimes in the worker's
-  local time (Arrow's are aware, in the session time zone);
+  (Arrow's `to_pylist` gives lists of pairs; struct keys as Rows), timestamps as naive
+  datetimes in the worker's local time (Arrow's are aware, in the session time zone),
+  converted by PySpark's own `TimestampType.fromInternal`;
 - out: an emitted value is checked against `output_schema` as `createDataFrame` checks it
   (type, nullability, length, naming the field), and becomes a row by field name (a dict,
-  an object's attributes) or by position (a tuple, a list, a Row), each value on its own:
-  naive datetimes are local time, as `createDataFrame` reads them (Arrow would read UTC).
+  an object's attributes) or by position (a tuple, a list, a Row), each value on its own;
+  timestamps become microseconds through PySpark's own `toInternal` (a naive datetime is
+  local time for `timestamp`, wall clock for `timestamp_ntz`, as `createDataFrame` reads
+  them; Arrow would read both as UTC).
 
 Only the types that differ are converted; a schema without them costs nothing per row.
 """
 
 from __future__ import annotations
 
+import calendar
 import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,9 +33,14 @@ _Convert = Callable[[Any], Any]
 # -- in: Arrow's Python values -> the RDD route's ------------------------------------------
 
 def _naive_local(value: datetime.datetime | None) -> datetime.datetime | None:
-    if value is None or value.tzinfo is None:
-        return value
-    return value.astimezone().replace(tzinfo=None)
+    """An Arrow timestamp (aware) as `Row` gives it: from its microseconds, by PySpark."""
+    if value is None:
+        return None
+    from pyspark.sql.types import TimestampType
+
+    micros = calendar.timegm(value.utctimetuple()) * 1_000_000 + value.microsecond
+    converted: datetime.datetime = TimestampType().fromInternal(micros)
+    return converted
 
 
 def _from_arrow(data_type: Any) -> _Convert | None:
@@ -43,7 +52,7 @@ def _from_arrow(data_type: Any) -> _Convert | None:
     if isinstance(data_type, t.ArrayType):
         return _each(_from_arrow(data_type.elementType))
     if isinstance(data_type, t.MapType):
-        key = _from_arrow(data_type.keyType) or _same
+        key = _key_from_arrow(data_type.keyType)
         value = _from_arrow(data_type.valueType) or _same
         return lambda v: None if v is None else {key(k): value(x) for k, x in v}
     if isinstance(data_type, t.StructType):
@@ -56,6 +65,17 @@ def _from_arrow(data_type: Any) -> _Convert | None:
 
 def _same(value: Any) -> Any:
     return value
+
+
+def _key_from_arrow(data_type: Any) -> _Convert:
+    """A map key's conversion: a struct key is a Row (hashable), as on the RDD route."""
+    from pyspark.sql import Row
+    from pyspark.sql import types as t
+
+    if isinstance(data_type, t.StructType):
+        fields = [(f.name, _key_from_arrow(f.dataType)) for f in data_type.fields]
+        return lambda v: None if v is None else Row(**{n: c(v[n]) for n, c in fields})
+    return _from_arrow(data_type) or _same
 
 
 def _each(element: _Convert | None) -> _Convert | None:
@@ -91,8 +111,8 @@ def _to_arrow(data_type: Any) -> _Convert | None:
     pyarrow reads as the RDD route would; None when there is none."""
     from pyspark.sql import types as t
 
-    if isinstance(data_type, t.TimestampType):
-        return _aware_local
+    if isinstance(data_type, (t.TimestampType, t.TimestampNTZType)):
+        return data_type.toInternal
     if isinstance(data_type, t.ArrayType):
         return _each(_to_arrow(data_type.elementType))
     if isinstance(data_type, t.MapType):
@@ -109,12 +129,6 @@ def _to_arrow(data_type: Any) -> _Convert | None:
         return lambda v: None if v is None else {
             n: c(x) for n, c, x in zip(names, converts, _by_field(v, names), strict=True)}
     return None
-
-
-def _aware_local(value: datetime.datetime | None) -> datetime.datetime | None:
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.astimezone()  # a naive datetime is local time, as createDataFrame reads it
 
 
 def _by_field(value: Any, names: Sequence[str]) -> Sequence[Any]:

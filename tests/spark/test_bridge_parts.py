@@ -242,3 +242,106 @@ def test_route_values_land_where_spark_hashes_them(spark: Any) -> None:
         "n", "index", "pmod(hash(value), n) AS placed").collect()
     assert len(rows) == len(cases)
     assert [r for r in rows if r["index"] != r["placed"]] == []
+
+
+# -- rows between Arrow and Python, in a time zone with daylight saving time ---------------
+
+@pytest.fixture
+def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_arrow_timestamps_reach_the_function_as_the_rdd_route_gives_them(
+        new_york: None) -> None:
+
+    import pyarrow as pa
+    from pyspark.sql.types import (
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    from asyncstate.spark.rows import input_converter
+
+    # 05:30Z and 06:30Z are both 01:30 in New York (the repeated hour: fold 0 and 1); 07:30Z
+    # on the day clocks go forward.
+    micros = [1_730_611_800_000_000, 1_730_615_400_000_000, 1_710_055_800_000_000]
+    key = StructType([StructField("k", StringType())])
+    schema = StructType([StructField("t", TimestampType()),
+                         StructField("m", MapType(key, TimestampType()))])
+    batch = pa.RecordBatch.from_pylist(
+        [{"t": m, "m": [({"k": "a"}, m)]} for m in micros],
+        schema=pa.schema([("t", pa.timestamp("us", tz="UTC")),
+                          ("m", pa.map_(pa.struct([("k", pa.string())]),
+                                        pa.timestamp("us", tz="UTC")))]))
+    convert = input_converter(schema)
+    assert convert is not None
+    rows = [convert(row) for row in batch.to_pylist()]
+    expected = [TimestampType().fromInternal(m) for m in micros]  # what Row gives
+    assert [repr(r["t"]) for r in rows] == [repr(e) for e in expected]  # fold included
+    assert rows[1]["t"].fold == 1 and rows[1]["t"].hour == 1
+    from pyspark.sql import Row
+    assert [r["m"] for r in rows] == [{Row(k="a"): e} for e in expected]  # keys hashable
+    assert input_converter(StructType([StructField("s", StringType())])) is None
+
+
+def test_arrow_outputs_read_timestamps_as_create_dataframe_does(new_york: None) -> None:
+    import datetime
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import (
+        ArrayType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    from asyncstate.spark.rows import ArrowOutput
+
+    schema = StructType([
+        StructField("t", TimestampType()), StructField("ntz", TimestampNTZType()),
+        StructField("nested", ArrayType(StructType([StructField("at", TimestampType())])))])
+    naive = datetime.datetime(2024, 7, 1, 12, 30)  # local time: 16:30Z
+    aware = datetime.datetime(2024, 7, 1, 12, 30, tzinfo=datetime.timezone(
+        datetime.timedelta(hours=2)))  # 10:30Z; as timestamp_ntz, the wall clock 12:30
+    output = pickle.loads(pickle.dumps(ArrowOutput(
+        schema, to_arrow_schema(schema, timezone="UTC"))))
+    batch = output.batch([(naive, aware, [{"at": naive}]), {"t": aware, "ntz": naive}])
+    as_micros = [batch.column(i).cast(pa.int64()).to_pylist() for i in (0, 1)]
+    ts, ntz = TimestampType(), TimestampNTZType()
+    assert as_micros == [[ts.toInternal(naive), ts.toInternal(aware)],
+                         [ntz.toInternal(aware), ntz.toInternal(naive)]]
+    assert ts.toInternal(naive) - ts.toInternal(aware) == 6 * 3600 * 10**6  # not read as UTC
+    nested = batch.column(2).to_pylist()
+    assert nested[0][0]["at"] == datetime.datetime(2024, 7, 1, 16, 30,
+                                                   tzinfo=datetime.UTC)
+    assert nested[1] is None
+
+
+def test_an_exception_that_does_not_unpickle_travels_as_its_builtin_class() -> None:
+    class Unpicklable(UnicodeDecodeError):
+        def __reduce__(self) -> Any:
+            raise TypeError("no reduce")
+
+    class Broken(ValueError):
+        def __init__(self, *, field: str) -> None:  # pickling passes args, not field=
+            super().__init__(f"bad field {field}")
+
+    for exc, kind, text in [
+            (Broken(field="total"), ValueError, "bad field total"),
+            (Unpicklable("utf-8", b"\xff", 0, 1, "bad"), UnicodeDecodeError, "bad"),
+            (ValueError(threading.Lock()), ValueError, "unlocked"),
+            (KeyError("ab"), KeyError, "'ab'")]:
+        rebuilt = failures.rebuild(failures.carry(exc, partition=1, attempt=0, stage=2))
+        assert type(rebuilt) is kind, exc
+        assert text in str(rebuilt), (exc, str(rebuilt))
