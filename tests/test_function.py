@@ -343,11 +343,14 @@ async def test_get_state_with_the_wrong_descriptor_type_names_both_types(method,
 
 
 @pytest.mark.parametrize("method", ["get_state", "get_list_state", "get_map_state",
-                                    "get_reducing_state", "get_aggregating_state"])
+                                    "get_reducing_state", "get_aggregating_state",
+                                    "get_operator_list_state", "get_union_list_state"])
 def test_declaring_a_state_on_a_records_context_names_the_state_and_open(method):
+    operator_state = method in ("get_operator_list_state", "get_union_list_state")
+
     class DeclaresPerRecord(ast.KeyedProcessFunction):
         def process_element(self, value, ctx):
-            getattr(ctx, method)(ast.ValueStateDescriptor("seen"))
+            getattr(ctx, method)("seen" if operator_state else ast.ValueStateDescriptor("seen"))
 
     with pytest.raises(ast.InvalidStateError,
                        match=rf"^ctx\.{method}\(\) was called on a record's context, for "

@@ -199,9 +199,16 @@ class RecordContext:
     def get_aggregating_state(self, descriptor: Any) -> NoReturn:
         _declare_in_open("get_aggregating_state", descriptor)
 
+    def get_operator_list_state(self, name: Any) -> NoReturn:
+        _declare_in_open("get_operator_list_state", name)
+
+    def get_union_list_state(self, name: Any) -> NoReturn:
+        _declare_in_open("get_union_list_state", name)
+
 
 def _declare_in_open(method: str, descriptor: Any) -> NoReturn:
-    name = getattr(descriptor, "name", None)
+    """`descriptor`: a state descriptor, or an operator state's name."""
+    name = descriptor if isinstance(descriptor, str) else getattr(descriptor, "name", None)
     state = f"state {name!r}" if isinstance(name, str) else "a state"
     raise InvalidStateError(
         f"ctx.{method}() was called on a record's context, for {state}: states are declared "

@@ -306,7 +306,7 @@ def test_a_timer_timestamp_of_another_type_is_refused_naming_it(method: str, bad
         ast.run(Registers(), [1], key_selector=lambda v: v)
 
 
-def test_run_fires_every_event_time_timer_and_drops_processing_time_timers() -> None:
+def test_run_fires_every_event_time_timer_and_not_the_pending_processing_time_ones() -> None:
     class Fn(EventTimers):
         def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
             ctx.timer_service.register_processing_time_timer(10**15)
@@ -316,6 +316,27 @@ def test_run_fires_every_event_time_timer_and_drops_processing_time_timers() -> 
                   timestamp_selector=timestamp)
     assert out == [("record", "a", 1), ("record", "b", 2), ("timer", "b", 3),
                    ("timer", "a", 5), ("timer", "a", 2**63 - 1)]
+
+
+def test_processing_time_timers_pending_at_the_end_of_run_fire_after_a_restore(
+        tmp_path: Any) -> None:
+    class Later(ast.KeyedProcessFunction):
+        def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+            ctx.timer_service.register_processing_time_timer(record[1])
+
+        def on_timer(self, timestamp: int, ctx: Any) -> None:
+            ctx.emit(("fired", ctx.current_key, timestamp, ctx.time_domain.name))
+
+    # The first run's clock never reaches the timers: none fires, the checkpoint keeps them.
+    assert ast.run(Later(), [("a", 5), ("b", 7), ("c", 9)], key_selector=key,
+                   clock=ast.ManualClock(0), parallelism=2, checkpoint_dir=tmp_path,
+                   checkpoint_id=1) == []
+    # Restored at another parallelism on the wall clock, far past them: each fires once.
+    out = ast.run(Later(), [], key_selector=key, parallelism=3,
+                  restore_from=ast.checkpoint_path(tmp_path, 1))
+    assert sorted(out) == [("fired", "a", 5, "PROCESSING_TIME"),
+                           ("fired", "b", 7, "PROCESSING_TIME"),
+                           ("fired", "c", 9, "PROCESSING_TIME")]
 
 
 async def test_timer_service_outside_its_record_and_without_on_timer_raise(timer_backend):
