@@ -162,6 +162,9 @@ class ManualExecutor:
 
     def fail_next_batch(self, exc: BaseException) -> list[StateRequest]:
         """Deliver the oldest pending batch as failed with `exc`; returns its requests."""
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"fail_next_batch() takes an exception instance, got "
+                            f"{type(exc).__name__} {exc!r}")
         batch = self._take(0)
         self._deliver(batch.requests, None, exc)
         return batch.requests

@@ -257,3 +257,28 @@ def test_manual_scheduler_runs_calls_scheduled_by_calls_when_due() -> None:
     assert len(ran) == 2
     scheduler.advance(0.1)
     assert ran == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_manual_executor_fail_next_batch_refuses_what_is_not_an_exception() -> None:
+    executor = testing.ManualExecutor()
+    with pytest.raises(TypeError, match=r"^fail_next_batch\(\) takes an exception instance, "
+                                        r"got str 'boom'$"):
+        executor.fail_next_batch("boom")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("factory", [False, True])
+def test_run_refuses_a_manual_executor_whose_batches_nothing_would_complete(
+        factory: bool) -> None:
+    class Reads(ast.KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.seen = ctx.get_state(ast.ValueStateDescriptor("seen"))
+
+        async def process_element(self, value: Any, ctx: Any) -> None:
+            await self.seen.value()
+
+    backend: Any = (lambda i: testing.ManualExecutor()) if factory else testing.ManualExecutor()
+    name = r"backend\(0\)" if factory else "backend"
+    with pytest.raises(ast.ConfigError, match=rf"^{name} must be a backend that completes its "
+                                              r"batches by itself: a ManualExecutor's"):
+        ast.run(Reads(), [1], key_selector=lambda v: v, backend=backend)

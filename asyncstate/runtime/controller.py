@@ -29,6 +29,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, Final
 
 from asyncstate.backends.base import (
@@ -131,8 +132,13 @@ class AsyncExecutionController:
         self._pending: deque[tuple[Callable[[Any], Any], Any]] = deque()
         self._running = False
         self._scheduled = False
-        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        # Calls waiting for a predicate; each future's result is None, or the error to raise
+        # (passed as a result: compiled code awaiting a failed future loses its traceback).
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[BaseException | None]]] = []
         self._failure: BaseException | None = None
+        # The failure's traceback when it failed the run (down to the user's frame): raised
+        # again with it, since compiled code re-raising an awaited exception starts anew.
+        self._failure_tb: TracebackType | None = None
         self._failure_listeners: list[Callable[[BaseException], None]] = []
         self._closed = False
         self._in_executor: dict[int, list[StateRequest]] = {}
@@ -653,7 +659,7 @@ class AsyncExecutionController:
             if fut.done():
                 continue
             if self._failure is not None:
-                fut.set_exception(self._failure)
+                fut.set_result(self._failure)
             elif predicate():
                 fut.set_result(None)
             else:
@@ -665,19 +671,24 @@ class AsyncExecutionController:
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         """Wait until predicate() holds, sending partial batches meanwhile; raises the
         run's failure if there is one."""
-        if self._failure is not None:
-            raise self._failure
+        failure = self._failure
+        if failure is not None:
+            raise failure.with_traceback(self._failure_tb)  # as it failed, from user code
         if not self._pending and predicate():
             return
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[BaseException | None] = loop.create_future()
         self._waiters.append((predicate, fut))
         self._flush()
         if not self._running and self._pending:
             self._ensure_run()
         elif not self._running:
             self._check_waiters()
-        await fut
+        error = await fut
+        if error is not None:
+            if error is self._failure:
+                error = error.with_traceback(self._failure_tb)  # as it failed, from user code
+            raise error
 
     async def drain_inflight_records(self, target: int) -> None:
         """Wait until at most `target` (>= 0) contexts are in flight."""
@@ -700,10 +711,11 @@ class AsyncExecutionController:
         if self._failure is not None:
             return
         self._failure = exc
+        self._failure_tb = exc.__traceback__
         log.debug("controller.failed", error=repr(exc))
         for _, fut in self._waiters:
             if not fut.done():
-                fut.set_exception(exc)
+                fut.set_result(exc)
         self._waiters = []
         for listener in self._failure_listeners:
             listener(exc)
@@ -746,7 +758,7 @@ class AsyncExecutionController:
         waiters, self._waiters = self._waiters, []
         for _, waiter in waiters:
             if not waiter.done():
-                waiter.set_exception(self._failure if self._failure is not None else
+                waiter.set_result(self._failure if self._failure is not None else
                                      InvalidStateError("the operator closed before this call "
                                                        "returned"))
         if raised is not None:

@@ -525,3 +525,33 @@ async def test_failure_is_sticky_and_the_same_object_everywhere(make_backend):
                     await call()
                 assert again.value is failure, name
     assert exit_info.value is failure
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.backends("heap", "remote1")
+async def test_a_failure_keeps_the_traceback_down_to_the_users_line(
+        make_backend: Any, kind: str) -> None:
+    import traceback
+
+    class Fails(ast.KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.seen = ctx.get_state(ast.ValueStateDescriptor("seen"))
+
+        def process_element(self, value: Any, ctx: Any) -> Any:
+            if kind == "sync":
+                raise KeyError("the user's line")
+            return self._later(value)
+
+        async def _later(self, value: Any) -> None:
+            await self.seen.update(value)
+            raise KeyError("the user's line")
+
+    op = ast.KeyedOperator(Fails(), key_selector=lambda v: v, backend=make_backend())
+    with pytest.raises(KeyError, match="the user's line") as raised:
+        async with op:
+            await op.process(1)
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    assert frames[-1].name == ("process_element" if kind == "sync" else "_later"), frames
+    assert frames[-1].filename == __file__
+    assert frames[-1].line == 'raise KeyError("the user\'s line")'
