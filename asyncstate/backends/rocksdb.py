@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import os
 import threading
 import traceback
@@ -176,6 +177,26 @@ def _directory(path: object) -> str:
     return name
 
 
+def _check_not_foreign(path: str) -> None:
+    """BackendError, before anything opens it, when directory `path` holds a rocksdict
+    database in its default (pickling) mode, another program's: opening it in raw mode
+    would rewrite its rocksdict-config.json, and neither program could open it again."""
+    config = os.path.join(path, "rocksdict-config.json")
+    if not os.path.isfile(config):
+        return  # a new directory, or no directory (the open says what is wrong)
+    try:
+        with open(config, encoding="utf-8") as f:
+            raw_mode = json.load(f).get("raw_mode")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise BackendError(f"RocksDB directory {path!r} has a rocksdict-config.json that "
+                           f"cannot be read ({exc}); refusing to open it", path=path) from None
+    if raw_mode is not True:
+        raise BackendError(
+            f"RocksDB directory {path!r} holds a rocksdict database of another program (its "
+            "default mode, not asyncstate's raw one); it was left untouched: give the "
+            "backend a directory of its own", path=path)
+
+
 def _stored_kind(key: bytes, value: bytes) -> tuple[str, StateKind]:
     """The state name and kind of a stored kind entry; ValueError when it is damaged."""
     return key[len(_KIND_PREFIX):].decode(), StateKind(value.decode())
@@ -234,7 +255,7 @@ class RocksDBBackend:
         if options is None:
             options = RocksDBOptions()
         elif not isinstance(options, RocksDBOptions):
-            raise TypeError(f"options must be a RocksDBOptions, got {type(options).__name__}")
+            raise ConfigError("options", options, "a RocksDBOptions")
         if timers not in _TIMER_PLACES:
             raise ConfigError("timers", timers, '"rocksdb" or "heap"')
         self._timers_in_db = timers == "rocksdb"
@@ -246,6 +267,7 @@ class RocksDBBackend:
         self._io_parallelism = io_parallelism
         self._inline_read_keys = inline_read_keys
         _check_not_forked(self._path)
+        _check_not_foreign(self._path)
         db_options, self._write_options = options.to_rocksdict()
         _note_opened()  # from here on RocksDB's background threads may run
         try:

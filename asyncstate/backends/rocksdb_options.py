@@ -30,6 +30,7 @@ DEFAULT_WRITE_BUFFER_BYTES = 64 * 1024 * 1024
 DEFAULT_MEMTABLE_BLOOM_RATIO = 0.02
 _MIN_WRITE_BUFFER_BYTES = 64 * 1024
 _MAX_BYTES = 2**63 - 1
+_MAX_WRITE_BUFFER_BYTES = 64 * 2**30  # RocksDB clamps a larger memtable to this
 _MAX_MEMTABLE_BLOOM_RATIO = 0.25  # RocksDB clamps larger ratios to this
 
 _caches: dict[int, rocksdict.Cache] = {}
@@ -94,7 +95,7 @@ class RocksDBOptions:
         same capacity shares one cache. 0 disables the block cache.
     bloom_filter_bits: bits per key of the full bloom filter, which lets a point read skip
         SST files that do not hold the key. 0 disables it. Allowed range 0..64.
-    write_buffer_bytes: memtable size per column family (at least 64 KiB).
+    write_buffer_bytes: memtable size per column family (64 KiB to 64 GiB).
     memtable_bloom_ratio: share of `write_buffer_bytes` given to a bloom filter over each
         memtable's keys (0.02: ~8 bits per key of a small value state). A point read of a key
         that a memtable does not hold then skips that memtable's skiplist search. 0 disables
@@ -128,7 +129,7 @@ class RocksDBOptions:
         check_int("block_cache_bytes", self.block_cache_bytes, 0, _MAX_BYTES)
         check_int("bloom_filter_bits", self.bloom_filter_bits, 0, 64)
         check_int("write_buffer_bytes", self.write_buffer_bytes, _MIN_WRITE_BUFFER_BYTES,
-                  _MAX_BYTES)
+                  _MAX_WRITE_BUFFER_BYTES)
         ratio = self.memtable_bloom_ratio
         if type(ratio) not in (int, float) or not 0 <= ratio <= _MAX_MEMTABLE_BLOOM_RATIO:
             raise ConfigError("memtable_bloom_ratio", ratio,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -717,3 +718,24 @@ def test_a_read_only_directory_raises_backend_error(tmp_path):
         assert info.value.path == str(path / "db")
     finally:
         path.chmod(0o700)
+
+
+def test_a_directory_of_another_programs_rocksdict_is_refused_and_left_untouched(
+        tmp_path: Path) -> None:
+    import rocksdict
+
+    path = str(tmp_path / "other")
+    other = rocksdict.Rdict(path)  # rocksdict's default mode: pickled keys and values
+    other["k"] = 1
+    other.close()
+    config = Path(path, "rocksdict-config.json").read_bytes()
+    with pytest.raises(ast.BackendError, match=r"holds a rocksdict database of another "
+                                               r"program .* left untouched") as refused:
+        ast.RocksDBBackend(path)
+    assert refused.value.path == path
+    assert Path(path, "rocksdict-config.json").read_bytes() == config
+    again = rocksdict.Rdict(path)  # its owner still opens it
+    try:
+        assert again["k"] == 1
+    finally:
+        again.close()

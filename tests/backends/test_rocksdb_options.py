@@ -24,8 +24,11 @@ def test_options_are_validated_and_converted(tmp_path):
     with pytest.raises(ConfigError, match=r"^bloom_filter_bits must be in \[0, 64\], got -1$"):
         RocksDBOptions(bloom_filter_bits=-1)
     with pytest.raises(ConfigError, match=r"^write_buffer_bytes must be in \[65536, "
-                                          r"9223372036854775807\], got 10$"):
+                                          r"68719476736\], got 10$"):
         RocksDBOptions(write_buffer_bytes=10)
+    with pytest.raises(ConfigError, match=r"^write_buffer_bytes must be in \[65536, "
+                                          r"68719476736\], got 68719476737$"):
+        RocksDBOptions(write_buffer_bytes=64 * 2**30 + 1)  # RocksDB would clamp it
     with pytest.raises(ConfigError, match=r"^disable_wal must be a bool, got 'yes'$"):
         RocksDBOptions(disable_wal="yes")  # type: ignore[arg-type]
     for ratio in (-0.01, 0.3, float("nan"), True, "0.1"):
@@ -37,7 +40,7 @@ def test_options_are_validated_and_converted(tmp_path):
     with pytest.raises(ConfigError, match=r"^inline_read_keys must be >= 0, got -1$"):
         RocksDBBackend(tmp_path / "x", inline_read_keys=-1)
     assert not (tmp_path / "x").exists()  # validated before anything is created
-    with pytest.raises(TypeError, match=r"^options must be a RocksDBOptions, got dict$"):
+    with pytest.raises(ast.ConfigError, match=r"^options must be a RocksDBOptions, got \{\}$"):
         RocksDBBackend(tmp_path / "x", options={})  # type: ignore[arg-type]
     options = RocksDBOptions(block_cache_bytes=0, bloom_filter_bits=0, disable_wal=False)
     with RocksDBBackend(tmp_path / "db", options=options) as backend:
