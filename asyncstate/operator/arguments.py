@@ -158,7 +158,7 @@ def check_run_backends(backend: object, parallelism: int) -> list[StateExecutor 
                 f"is {parallelism} (a backend object serves one operator), got a "
                 f"{type(backend).__name__} object; e.g. backend=lambda i: "
                 f"ast.RocksDBBackend(f'state-{{i}}')")
-        return [_runs_by_itself(check_backend(backend), "backend")]
+        return [_run_backend(backend, "backend")]
     if not callable(backend):
         raise TypeError(f"backend must be a state backend, a factory of backends or None, "
                         f"got {type(backend).__name__}")
@@ -169,21 +169,21 @@ def check_run_backends(backend: object, parallelism: int) -> list[StateExecutor 
             f"ast.RocksDBBackend('state')), or, to build one per operator, e.g. "
             f"backend=lambda i: ast.RocksDBBackend(f'state-{{i}}')")
     factory: Callable[[int], object] = backend
-    return [_runs_by_itself(check_backend(factory(i), f"backend({i})"), f"backend({i})")
-            for i in range(parallelism)]
+    return [_run_backend(factory(i), f"backend({i})") for i in range(parallelism)]
 
 
-def _runs_by_itself(backend: StateExecutor, name: str) -> StateExecutor:
-    """`backend`, unless its batches complete only when a test says so (`ManualExecutor`):
-    nothing inside `ast.run` can, so the run would wait forever."""
+def _run_backend(backend: object, name: str) -> StateExecutor:
+    """`check_backend(backend, name)`, refusing a backend whose batches complete only when a
+    test says so (`ManualExecutor`): nothing inside `ast.run` can, so it would wait forever."""
     from asyncstate.testing import ManualExecutor
 
-    if isinstance(backend, ManualExecutor):
+    checked = check_backend(backend, name)
+    if isinstance(checked, ManualExecutor):
         raise ConfigError(name, backend, "a backend that completes its batches by itself: a "
                           "ManualExecutor's batches complete only when a test delivers them, "
                           "which nothing inside ast.run does; drive it from a test through "
                           "ast.KeyedOperator")
-    return backend
+    return checked
 
 
 def check_run_checkpoint(checkpoint_dir: object, checkpoint_id: object) -> tuple[str, int] | None:

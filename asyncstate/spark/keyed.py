@@ -45,28 +45,19 @@ _ROUTINGS = ("auto", "rdd", "arrow")
 
 class _RunRecords:
     """Function over plain records (`partition_runner`): for `mapPartitions` (the partition
-    index is the task's) or `mapPartitionsWithIndex` (the index Spark gives)."""
-
-    def __init__(self, spec: PartitionSpec) -> None:
-        self.spec = spec
-
-    def __call__(self, *args: Any) -> Iterator[Any]:
-        index, records = (None, args[0]) if len(args) == 1 else args
-        for chunk in run_partition(self.spec, records, TaskInfo.current(index)):
-            yield from chunk
-
-
-class _RunPairs:
-    """mapPartitionsWithIndex function over the ``(index, record)`` pairs of the RDD route;
-    with `check`, outputs are checked against `output_schema` here, where a failure is
-    carried to the driver as itself."""
+    index is the task's) or `mapPartitionsWithIndex` (the index Spark gives). With `check`,
+    outputs are checked against `output_schema` here, where a failure is carried to the
+    driver as itself."""
 
     def __init__(self, spec: PartitionSpec, check: OutputCheck | None = None) -> None:
         self.spec = spec
         self.check = check
 
-    def __call__(self, index: int, pairs: Iterable[Any]) -> Iterator[Any]:
-        records = (record for _, record in pairs)
+    def __call__(self, *args: Any) -> Iterator[Any]:
+        index, records = (None, args[0]) if len(args) == 1 else args
+        return self._run(index, records)
+
+    def _run(self, index: int | None, records: Iterable[Any]) -> Iterator[Any]:
         task = TaskInfo.current(index)
         check = self.check
         for chunk in run_partition(self.spec, records, task):
@@ -76,6 +67,14 @@ class _RunPairs:
                 except Exception as exc:
                     raise _output_failure(exc, task) from exc
             yield from chunk
+
+
+class _RunPairs(_RunRecords):
+    """mapPartitionsWithIndex function over the ``(index, record)`` pairs of the RDD route."""
+
+    def __call__(self, *args: Any) -> Iterator[Any]:
+        index, pairs = args
+        return self._run(index, (record for _, record in pairs))
 
 
 def _output_failure(exc: Exception, task: TaskInfo) -> Exception:
