@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_MAX_PARALLELISM",
     "GC_THRESHOLD_PER_RECORD",
+    "MAX_ITERATOR_CHUNK_SIZE",
     "MAX_MAX_PARALLELISM",
     "MIN_AUTO_GC_THRESHOLD",
     "AsyncStateConfig",
@@ -28,6 +29,8 @@ DEFAULT_BUFFER_TIMEOUT_MS = 1000
 DEFAULT_MAX_IN_FLIGHT = 6000
 DEFAULT_MAX_PARALLELISM = 128
 DEFAULT_ITERATOR_CHUNK_SIZE = 1000
+# Elements one iteration step may load at most (a step's slice is taken with C-sized ints).
+MAX_ITERATOR_CHUNK_SIZE = 2**31 - 1
 # First threshold of the cyclic GC while an operator runs (see asyncstate/runtime/gc_threshold.py).
 # "auto": GC_THRESHOLD_PER_RECORD allocations per record allowed in flight, at least
 # MIN_AUTO_GC_THRESHOLD. A record in flight keeps about ten tracked objects alive, and every
@@ -89,7 +92,8 @@ class AsyncStateConfig:
         arriving; 0 disables the timeout.
     max_in_flight: most records admitted and not yet finished; admission waits beyond it.
     max_parallelism: number of key groups, 1..32768; fixed for the life of the state.
-    iterator_chunk_size: elements loaded per step when iterating list or map state.
+    iterator_chunk_size: elements loaded per step when iterating list or map state,
+        1..2**31 - 1.
     record_timeout_ms: a record (or timer firing) that runs longer than this, from the moment
         it holds its key until it finishes, fails the operator with RecordTimeoutError naming
         its key; None (the default) sets no limit.
@@ -113,7 +117,7 @@ class AsyncStateConfig:
         check_int("buffer_timeout_ms", self.buffer_timeout_ms, 0)
         check_int("max_in_flight", self.max_in_flight, 1)
         check_int("max_parallelism", self.max_parallelism, 1, MAX_MAX_PARALLELISM)
-        check_int("iterator_chunk_size", self.iterator_chunk_size, 1)
+        check_int("iterator_chunk_size", self.iterator_chunk_size, 1, MAX_ITERATOR_CHUNK_SIZE)
         if self.record_timeout_ms is not None:
             check_int("record_timeout_ms", self.record_timeout_ms, 1)
         threshold = self.gc_threshold

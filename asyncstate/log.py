@@ -28,19 +28,24 @@ from typing import Any
 
 import structlog
 
-__all__ = ["get_level", "get_logger", "set_level", "set_slow_batch_seconds",
+__all__ = ["get_level", "get_logger", "parse_level", "set_level", "set_slow_batch_seconds",
            "slow_batch_seconds"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _ROOT_LOGGER = "asyncstate"
 
 
-def _parse(level: str) -> int:
-    try:
-        return _LEVELS[level.lower()]
-    except (KeyError, AttributeError):
+def parse_level(level: object, option: str = "log level") -> int:
+    """The `logging` level of an asyncstate level name (any case; "warn" is "warning", as
+    in `logging`), else ConfigError naming `option`."""
+    name = level.lower() if isinstance(level, str) else None
+    if name == "warn":
+        name = "warning"
+    value = _LEVELS.get(name) if name is not None else None
+    if value is None:
         from asyncstate.errors import ConfigError
-        raise ConfigError("log level", level, f"one of {', '.join(_LEVELS)}") from None
+        raise ConfigError(option, level, f"one of {', '.join(_LEVELS)}")
+    return value
 
 
 class _StderrWhenUnconfigured(logging.StreamHandler):  # type: ignore[type-arg]
@@ -84,7 +89,8 @@ def _install_fallback_handler() -> None:
 
 _install_fallback_handler()
 # An empty ASYNCSTATE_LOG_LEVEL counts as unset, as for most environment variables.
-_threshold = _parse(os.environ.get("ASYNCSTATE_LOG_LEVEL") or "warning")
+_threshold = parse_level(os.environ.get("ASYNCSTATE_LOG_LEVEL") or "warning",
+                         "environment variable ASYNCSTATE_LOG_LEVEL")
 if os.environ.get("ASYNCSTATE_LOG_LEVEL"):
     logging.getLogger(_ROOT_LOGGER).setLevel(_threshold)
 
@@ -114,7 +120,7 @@ def set_slow_batch_seconds(seconds: float) -> None:
 def set_level(level: str) -> None:
     """Emit asyncstate events at `level` ("debug", "info", "warning", ...) and above."""
     global _threshold
-    _threshold = _parse(level)
+    _threshold = parse_level(level)
     logging.getLogger(_ROOT_LOGGER).setLevel(_threshold)
 
 

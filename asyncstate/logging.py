@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from asyncstate.errors import ConfigError
 from asyncstate.log import (
     DEFAULT_SLOW_BATCH_SECONDS,
+    parse_level,
     set_level,
     set_slow_batch_seconds,
 )
@@ -84,18 +85,31 @@ def configure(*, json: bool = False, level: str = "info", stream: TextIO | None 
     or a JSON object with `json=True`. `slow_batch_ms`: log ``controller.slow_batch`` for a
     batch whose round trip takes at least this long (controllers created afterwards;
     default 1000). Returns the handler, already installed on the ``asyncstate`` logger."""
+    # Every argument is checked before anything changes.
+    if slow_batch_ms is not None and (
+            isinstance(slow_batch_ms, bool) or not isinstance(slow_batch_ms, (int, float))
+            or not slow_batch_ms >= 0):
+        raise ConfigError("slow_batch_ms", slow_batch_ms, "a number >= 0")
+    parse_level(level)
     if slow_batch_ms is not None:
-        if isinstance(slow_batch_ms, bool) or not isinstance(slow_batch_ms, (int, float)) \
-                or not slow_batch_ms >= 0:
-            raise ConfigError("slow_batch_ms", slow_batch_ms, "a number >= 0")
         set_slow_batch_seconds(slow_batch_ms / 1000.0)
-    set_level(level)  # raises ConfigError for an unknown level, before anything changes
+    set_level(level)
     reset(keep_level=True)
+    _enable_loggers()
     handler = _Handler(stream)
     handler.setFormatter(JsonFormatter() if json else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger(_LOGGER).addHandler(handler)
     return handler
+
+
+def _enable_loggers() -> None:
+    """Enable asyncstate's loggers again: `logging.config.dictConfig` disables the loggers
+    that exist when it runs unless its configuration names them."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) \
+                and (name == _LOGGER or name.startswith(_LOGGER + ".")):
+            logger.disabled = False
 
 
 def reset(*, keep_level: bool = False) -> None:

@@ -25,6 +25,7 @@ call) and ``asyncstate_request_latency_seconds`` (a request's time in the execut
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["OperatorCollector"]
 
 _PREFIX = "asyncstate_"
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _COUNTERS = {
     "records_in": "Records admitted.",
     "records_done": "Records finished.",
@@ -75,8 +77,9 @@ _GAUGES = {
     "cache_entries": "Entries in the state cache.",
     "cache_hit_rate": "Cache hits over reads that reached the cache.",
 }
-# Bucket bounds: requests per batch, and seconds in the executor.
-_BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Bucket bounds: requests per batch (2**0 .. 2**13, counted exactly), and seconds in the
+# executor.
+_BATCH_BOUNDS = tuple(2**i for i in range(14))
 _LATENCY_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -85,16 +88,28 @@ def _cumulative(histogram: Histogram, bounds: tuple[float, ...],
                 scale: float) -> list[tuple[str, float]]:
     """Prometheus buckets (cumulative counts per upper bound `le`) of a histogram whose
     values times `scale` are in the bounds' unit; each of its buckets counts towards the
-    first bound that its largest value does not exceed."""
+    first bound that its smallest value does not exceed (a bucket holds values within 1.6 %
+    of each other, so a value at most that far above a bound may count towards it)."""
     counts = [0] * (len(bounds) + 1)
-    for _lower, upper, count in histogram.buckets():
-        value = (upper - 1) * scale
+    for lower, _upper, count in histogram.buckets():
+        value = lower * scale
         for i, bound in enumerate(bounds):
             if value <= bound:
                 counts[i] += count
                 break
         else:
             counts[-1] += count
+    return _running(bounds, counts)
+
+
+def _pow2_cumulative(pow2: list[int]) -> list[tuple[str, float]]:
+    """Prometheus buckets of `BatchStats.batch_sizes_pow2` for `_BATCH_BOUNDS`: exact."""
+    n = len(_BATCH_BOUNDS)
+    return _running(_BATCH_BOUNDS, [*pow2[:n], sum(pow2[n:])])
+
+
+def _running(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs of per-bound `counts`, the last one for +Inf."""
     result: list[tuple[str, float]] = []
     running = 0
     for bound, count in zip((*bounds, float("inf")), counts, strict=True):
@@ -113,10 +128,20 @@ class OperatorCollector:
             registry.register(self)
 
     def add(self, operator: KeyedOperator, **labels: str) -> None:
-        """Export `operator`'s metrics, with `labels` besides `operator` and `index`."""
+        """Export `operator`'s metrics, with `labels` (str values) besides `operator` and
+        `index`. An operator is added once."""
+        for name, value in labels.items():
+            if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+                raise ValueError(f"label name {name!r} is not a Prometheus label name "
+                                 f"([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)")
+            if type(value) is not str:
+                raise TypeError(f"label {name}'s value must be a str, got "
+                                f"{type(value).__name__} {value!r}")
         base = {"operator": type(operator.function).__name__,
                 "index": str(operator.operator_index)}
         with self._lock:
+            if any(op is operator for op, _labels in self._operators):
+                raise ValueError(f"{operator!r} is exported by this collector already")
             self._operators.append((operator, {**base, **labels}))
 
     def remove(self, operator: KeyedOperator) -> None:
@@ -125,23 +150,16 @@ class OperatorCollector:
             self._operators = [(op, lb) for op, lb in self._operators if op is not operator]
 
     def describe(self) -> list[Metric]:
-        return []  # collected lazily: the label sets depend on the operators added
+        """The metric families without samples: a registry refuses a second collector
+        exporting the same names."""
+        families, batch, latency = _families([])
+        return [*families.values(), batch, latency]
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             operators = list(self._operators)
         names = sorted({k for _op, labels in operators for k in labels})
-        families: dict[str, Any] = {}
-        for name, doc in _COUNTERS.items():
-            families[name] = CounterMetricFamily(_PREFIX + name, doc, labels=names)
-        for name, doc in _GAUGES.items():
-            families[name] = GaugeMetricFamily(_PREFIX + name, doc, labels=names)
-        batch = HistogramMetricFamily(_PREFIX + "batch_size",
-                                      "Requests per executor call.", labels=names)
-        latency = HistogramMetricFamily(
-            _PREFIX + "request_latency_seconds",
-            "Time a state request spent in the executor (its batch's round trip).",
-            labels=names)
+        families, batch, latency = _families(names)
         for op, labels in operators:
             values = [labels.get(n, "") for n in names]
             metrics = op.metrics
@@ -151,7 +169,7 @@ class OperatorCollector:
                 stats = op.controller.batch_stats
             except InvalidStateError:  # not started yet
                 continue
-            batch.add_metric(values, _cumulative(stats.batch_sizes, _BATCH_BOUNDS, 1.0),
+            batch.add_metric(values, _pow2_cumulative(stats.batch_sizes_pow2),
                              float(stats.batch_sizes.total))
             latency.add_metric(values, _cumulative(stats.request_latency_us,
                                                    _LATENCY_BOUNDS, 1e-6),
@@ -159,3 +177,19 @@ class OperatorCollector:
         yield from families.values()
         yield batch
         yield latency
+
+
+def _families(names: list[str]) -> tuple[dict[str, Any], Any, Any]:
+    """Empty metric families with label names `names`: counters and gauges by metric name,
+    then the two histograms."""
+    families: dict[str, Any] = {}
+    for name, doc in _COUNTERS.items():
+        families[name] = CounterMetricFamily(_PREFIX + name, doc, labels=names)
+    for name, doc in _GAUGES.items():
+        families[name] = GaugeMetricFamily(_PREFIX + name, doc, labels=names)
+    batch = HistogramMetricFamily(_PREFIX + "batch_size", "Requests per executor call.",
+                                  labels=names)
+    latency = HistogramMetricFamily(
+        _PREFIX + "request_latency_seconds",
+        "Time a state request spent in the executor (its batch's round trip).", labels=names)
+    return families, batch, latency

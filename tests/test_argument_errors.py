@@ -46,6 +46,20 @@ CASES = {
                                 "batch_size=1, buffer_timeout_ms=0, max_in_flight=None)",
     "controller executor": "ast.AsyncExecutionController('x', batch_size=1, "
                            "buffer_timeout_ms=0, max_in_flight=1)",
+    "controller executor None": "ast.AsyncExecutionController(None, batch_size=1, "
+                                "buffer_timeout_ms=0, max_in_flight=1)",
+    "controller record_timeout_ms str": "ast.AsyncExecutionController(ast.HeapBackend(), "
+                                        "batch_size=1, buffer_timeout_ms=0, max_in_flight=1, "
+                                        "record_timeout_ms='x')",
+    "controller record_timeout_ms negative": "ast.AsyncExecutionController(ast.HeapBackend(), "
+                                             "batch_size=1, buffer_timeout_ms=0, "
+                                             "max_in_flight=1, record_timeout_ms=-5)",
+    "controller timeout_scheduler": "ast.AsyncExecutionController(ast.HeapBackend(), "
+                                    "batch_size=1, buffer_timeout_ms=0, max_in_flight=1, "
+                                    "timeout_scheduler=5)",
+    "controller iterator_chunk_size": "ast.AsyncExecutionController(ast.HeapBackend(), "
+                                      "batch_size=1, buffer_timeout_ms=0, max_in_flight=1, "
+                                      "iterator_chunk_size=2**63)",
     "rocksdb io_parallelism": "ast.RocksDBBackend(path, io_parallelism='2')",
     "rocksdb inline_read_keys": "ast.RocksDBBackend(path, inline_read_keys=1.5)",
     "rocksdb options": "ast.RocksDBBackend(path, options={})",
@@ -123,3 +137,17 @@ def test_every_wrong_argument_raises_the_same_error_on_both_builds() -> None:
     for name in CASES:
         assert python[name] is not None, f"{name}: no error"
         assert compiled[name] == python[name], name
+
+
+def test_the_controller_names_a_wrong_argument() -> None:
+    errors = _errors(pure=True)
+    assert errors["controller executor"] == [
+        "TypeError", "executor must be a StateExecutor (a state backend), got str"]
+    assert errors["controller executor None"] == [
+        "TypeError", "executor must be a StateExecutor (a state backend), got NoneType"]
+    for case in ("record_timeout_ms str", "record_timeout_ms negative",
+                 "iterator_chunk_size"):
+        kind, message = errors[f"controller {case}"]  # type: ignore[misc]
+        assert kind == "ConfigError" and message.startswith(case.split()[0]), (case, message)
+    kind, message = errors["controller timeout_scheduler"]  # type: ignore[misc]
+    assert kind == "TypeError" and "timeout_scheduler must have call_later" in message

@@ -20,7 +20,7 @@ def test_config_defaults():
 @pytest.mark.parametrize(("option", "lowest", "highest"), [
     ("batch_size", 1, None),
     ("max_in_flight", 1, None),
-    ("iterator_chunk_size", 1, None),
+    ("iterator_chunk_size", 1, 2**31 - 1),
     ("buffer_timeout_ms", 0, None),
     ("max_parallelism", 1, 32768),
 ])

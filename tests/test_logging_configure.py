@@ -3,8 +3,11 @@ lifecycle, checkpoint, slow-batch and failure events, quiet by default."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import logging
+import logging.config
 import os
 import subprocess
 import sys
@@ -16,7 +19,9 @@ import pytest
 from shared_functions import Counter
 
 import asyncstate as ast
+import asyncstate.log as aslog
 import asyncstate.logging as aslogging
+from asyncstate.testing import ManualExecutor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,3 +143,93 @@ def test_quiet_by_default_and_never_on_stdout():
     # Only the second run, after configure(), wrote anything.
     assert lines and all(" asyncstate." in line for line in lines)
     assert sum("operator.open" in line for line in lines) == 1
+
+
+class _ReadOnce(ast.KeyedProcessFunction):
+    """One read per record, nothing written: one batch per record with batch_size 1."""
+
+    def open(self, ctx):
+        self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+    async def process_element(self, value, ctx):
+        ctx.emit(await self.v.value())
+
+
+class _Signal(logging.Handler):
+    """Sets `event` when asyncstate logs `name`."""
+
+    def __init__(self, name: str, event: asyncio.Event) -> None:
+        super().__init__()
+        self.name_, self.event = name, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().split(" ", 1)[0] == self.name_:
+            self.event.set()
+
+
+@pytest.mark.timeout(30)
+async def test_a_batch_under_way_is_reported_when_it_reaches_the_threshold():
+    stream = io.StringIO()
+    aslogging.configure(json=True, level="info", stream=stream, slow_batch_ms=30)
+    reported = asyncio.Event()
+    signal = _Signal("controller.slow_batch", reported)
+    logging.getLogger("asyncstate").addHandler(signal)
+    executor = ManualExecutor()
+    try:
+        async with ast.KeyedOperator(_ReadOnce(), key_selector=lambda r: r, backend=executor,
+                                     config=ast.AsyncStateConfig(batch_size=1)) as op:
+            await op.process(1)
+            # The read's batch sits in the executor, never delivered until reported.
+            await asyncio.wait_for(reported.wait(), 10)
+            assert op.metrics["slow_batches"] == 1
+            assert op.metrics["batches_in_executor"] == 1
+            executor.complete_all()
+            await op.drain()
+            m = op.metrics
+    finally:
+        logging.getLogger("asyncstate").removeHandler(signal)
+    events = _events(stream)
+    slow = [e for e in events if e["event"] == "controller.slow_batch"]
+    assert len(slow) == 1 and m["slow_batches"] == 1  # counted once, not again at delivery
+    assert slow[0]["under_way"] is True and slow[0]["requests"] == 1
+    assert slow[0]["seconds"] >= 0.03 and slow[0]["threshold_seconds"] == 0.03
+    [delivered] = [e for e in events if e["event"] == "controller.slow_batch_delivered"]
+    assert delivered["seconds"] >= slow[0]["seconds"] and delivered["level"] == "info"
+
+
+def test_configure_changes_nothing_when_an_argument_is_bad():
+    aslogging.configure(slow_batch_ms=500, level="info")
+    with pytest.raises(ast.ConfigError, match="log level"):
+        aslogging.configure(slow_batch_ms=5, level="bogus")
+    assert aslog.slow_batch_seconds() == 0.5
+    assert aslog.get_level() == "info"
+
+
+def test_configure_enables_loggers_that_dict_config_disabled():
+    logging.getLogger("asyncstate.operator")  # exists, as after any run
+    logging.config.dictConfig({"version": 1, "root": {"level": "WARNING"}})
+    try:
+        assert logging.getLogger("asyncstate.operator").disabled
+        stream = io.StringIO()
+        aslogging.configure(level="debug", stream=stream)
+        ast.run(Counter(), [1], key_selector=lambda r: r)
+        assert "operator.closed" in stream.getvalue()
+    finally:
+        for name in logging.Logger.manager.loggerDict:
+            if name.startswith("asyncstate"):
+                logging.getLogger(name).disabled = False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value, ok", [("WARN", True), ("Debug", True), ("loud", False)])
+def test_the_environment_level_is_checked_and_named(value, ok):
+    environ = {**os.environ, "ASYNCSTATE_LOG_LEVEL": value}
+    code = "import asyncstate.log as log; print(log.get_level())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, env=environ,
+                          capture_output=True, text=True, timeout=60)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == ("warning" if value == "WARN" else "debug")
+    else:
+        assert proc.returncode != 0
+        assert "ASYNCSTATE_LOG_LEVEL" in proc.stderr and "'loud'" in proc.stderr

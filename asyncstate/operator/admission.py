@@ -27,8 +27,9 @@ class AdmissionGate:
     longer take records (it failed or closed meanwhile).
     """
 
-    __slots__ = ("_controller", "_holds", "_inbox", "_limit", "_ready", "_released",
-                 "blocked_seconds", "occupancy", "peak", "records_in")
+    __slots__ = ("_blocked_since", "_blocked_total", "_controller", "_holds", "_inbox",
+                 "_limit", "_ready", "_released", "_waiting", "occupancy", "peak",
+                 "records_in")
 
     def __init__(self, controller: AsyncExecutionController, inbox: Inbox, limit: int,
                  ready: Callable[[], object]) -> None:
@@ -40,13 +41,25 @@ class AdmissionGate:
         self._released: list[asyncio.Future[None]] = []
         self.records_in = 0
         self.peak = 0
-        self.blocked_seconds = 0.0
+        # Time during which at least one producer waited: `_waiting` producers wait now,
+        # the first of them since `_blocked_since`.
+        self._blocked_total = 0.0
+        self._waiting = 0
+        self._blocked_since = 0.0
         # When measured (KeyedOperator.measure_occupancy): stepped up per admitted record.
         self.occupancy: Occupancy | None = None
 
     def __repr__(self) -> str:
         return (f"<AdmissionGate in_flight={self.in_flight}/{self._limit} "
                 f"holds={self._holds}>")
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Wall time during which at least one producer waited for room (or for a snapshot),
+        the wait under way included: producers waiting together count once."""
+        if self._waiting:
+            return self._blocked_total + (time.perf_counter() - self._blocked_since)
+        return self._blocked_total
 
     @property
     def in_flight(self) -> int:
@@ -68,7 +81,9 @@ class AdmissionGate:
         # A loop: producers woken together re-check, so only as many as fit are admitted,
         # and none while a snapshot is under way (one may start while this one waits).
         while not overdraft and not self.try_admit(ctx):
-            started = time.perf_counter()
+            if not self._waiting:
+                self._blocked_since = time.perf_counter()
+            self._waiting += 1
             try:
                 if self._holds:
                     await self._wait_released()
@@ -76,7 +91,9 @@ class AdmissionGate:
                 else:
                     await self._controller.wait_until(self._has_room)
             finally:
-                self.blocked_seconds += time.perf_counter() - started
+                self._waiting -= 1
+                if not self._waiting:
+                    self._blocked_total += time.perf_counter() - self._blocked_since
         if overdraft:
             self._admit(ctx)
 

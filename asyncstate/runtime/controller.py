@@ -39,7 +39,12 @@ from asyncstate.backends.base import (
     StateExecutor,
 )
 from asyncstate.backends.cache import BUFFERED, MISS, StateCache
-from asyncstate.config import DEFAULT_ITERATOR_CHUNK_SIZE, MAX_MAX_PARALLELISM, check_int
+from asyncstate.config import (
+    DEFAULT_ITERATOR_CHUNK_SIZE,
+    MAX_ITERATOR_CHUNK_SIZE,
+    MAX_MAX_PARALLELISM,
+    check_int,
+)
 from asyncstate.errors import InvalidStateError, RecordTimeoutError
 from asyncstate.log import get_logger
 from asyncstate.runtime.batch_stats import BatchStats
@@ -93,15 +98,25 @@ class AsyncExecutionController:
                  buffer_timeout_ms: object, max_in_flight: object, max_parallelism: object = 128,
                  iterator_chunk_size: object = DEFAULT_ITERATOR_CHUNK_SIZE,
                  timeout_scheduler: TimeoutScheduler | None = None,
-                 time_records: bool = False, record_timeout_ms: int | None = None) -> None:
-        # compiled: typed as object (the limits are ints), so both builds raise check_int's
-        # ConfigError.
+                 time_records: bool = False, record_timeout_ms: object = None) -> None:
+        # compiled: typed as object (the limits and the record timeout are ints), so both
+        # builds raise check_int's ConfigError.
         self.batch_size = check_int("batch_size", batch_size, 1)
         timeout_ms = check_int("buffer_timeout_ms", buffer_timeout_ms, 0)
         self.max_in_flight = check_int("max_in_flight", max_in_flight, 1)
         self.max_parallelism = check_int("max_parallelism", max_parallelism, 1,
                                          MAX_MAX_PARALLELISM)
-        chunk_size = check_int("iterator_chunk_size", iterator_chunk_size, 1)
+        chunk_size = check_int("iterator_chunk_size", iterator_chunk_size, 1,
+                               MAX_ITERATOR_CHUNK_SIZE)
+        if not isinstance(executor, StateExecutor):
+            raise TypeError(f"executor must be a StateExecutor (a state backend), got "
+                            f"{type(executor).__name__}")
+        timeout_limit = None if record_timeout_ms is None \
+            else check_int("record_timeout_ms", record_timeout_ms, 1)
+        if timeout_scheduler is not None \
+                and not callable(getattr(timeout_scheduler, "call_later", None)):
+            raise TypeError(f"timeout_scheduler must have call_later(delay, callback) (an "
+                            f"event loop), got {type(timeout_scheduler).__name__}")
         loop = _get_running_loop()
         self._loop = loop
         self._executor = executor
@@ -123,9 +138,9 @@ class AsyncExecutionController:
         # Note when each context takes its key; with a record timeout, a record that took
         # longer fails the run when it finishes, also if it blocked the loop meanwhile (so
         # the watchdog, which looks at the records still running, never saw it overdue).
-        self._time_records = time_records or record_timeout_ms is not None
-        self._record_timeout_ms = record_timeout_ms
-        self._overrun_s = math.inf if record_timeout_ms is None else record_timeout_ms / 1000.0
+        self._time_records = time_records or timeout_limit is not None
+        self._record_timeout_ms = timeout_limit
+        self._overrun_s = math.inf if timeout_limit is None else timeout_limit / 1000.0
         self._epochs = EpochManager()
         self._in_flight = 0
         self._parked: dict[RecordContext, list[StateRequest]] = {}
@@ -149,7 +164,7 @@ class AsyncExecutionController:
         self.requests = 0
         self.max_batch_size = 0
         self.batches_in_executor = 0
-        self.batch_stats = BatchStats()
+        self.batch_stats = BatchStats(loop)
         # When measured (KeyedOperator.measure_occupancy): stepped down per finished context.
         self.occupancy: Occupancy | None = None
         executor.open(ExecutorBinding(loop=loop, deliver=self._deliver,
@@ -560,10 +575,11 @@ class AsyncExecutionController:
         self._kau.release(ctx, key)
         self._in_flight -= 1
         ctx.in_flight = False
-        self.records_done += 1
-        occupancy = self.occupancy
-        if occupancy is not None:
-            occupancy.step(-1)
+        if ctx.time_domain is None:  # a record, not a timer firing
+            self.records_done += 1
+            occupancy = self.occupancy
+            if occupancy is not None:
+                occupancy.step(-1)
         buffer = self._buffer
         # Hand the key to the next blocked context now, so nobody can jump the queue, and
         # run its work from the trampoline. It takes the key with all its blocked requests,

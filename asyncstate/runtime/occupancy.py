@@ -1,7 +1,7 @@
 """Occupancy: a count integrated over time, exactly, at every change (record-seconds).
 
 An operator measuring its occupancy (`KeyedOperator.measure_occupancy`) steps it up when it
-admits a record and down when a record (or timer firing) finishes, so `mean()` is the
+admits a record and down when a record finishes (timer firings are not counted), so `mean()` is the
 time-weighted mean number of records admitted and not finished: by Little's law, that mean
 equals throughput x mean latency, which is how experiments check their latency figures. It
 costs two clock readings per record, so it is off unless asked for.

@@ -238,3 +238,59 @@ async def test_outputs_returns_and_clears(make_backend):
         await op.drain()
         assert sorted(op.outputs()) == [("a", 2), ("b", 1)]
         assert op.outputs() == []
+
+
+class _TimerPerRecord(ast.KeyedProcessFunction):
+    """Registers an event-time timer at the record's value; the timer reads the key's state."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ast.ValueStateDescriptor("seen"))
+
+    async def process_element(self, value, ctx):
+        await self.seen.update(value[1])
+        ctx.timer_service.register_event_time_timer(value[1])
+
+    async def on_timer(self, timestamp, ctx):
+        ctx.emit((ctx.current_key, await self.seen.value()))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", ["heap", "remote0"])
+async def test_timer_firings_are_not_counted_as_records(name):
+    async with ast.KeyedOperator(_TimerPerRecord(), key_selector=first,
+                                 backend=new_backend(name)) as op:
+        occupancy = op.measure_occupancy()
+        for k in range(5):
+            await op.process((k, 10 + k))
+        await op.advance_watermark(100)  # fires the five timers
+        m = op.metrics
+        assert (m["records_in"], m["records_done"], m["in_flight"]) == (5, 5, 0)
+        assert occupancy.count == 0
+        for k in range(3):
+            await op.process((k, 200))
+        await op.drain()
+        m = op.metrics
+        outputs = sorted(op.outputs())
+    assert (m["records_in"], m["records_done"]) == (8, 8)
+    assert outputs == [(k, 10 + k) for k in range(5)]
+    assert occupancy.count == 0 and occupancy.mean() >= 0
+
+
+@pytest.mark.timeout(30)
+async def test_blocked_seconds_counts_producers_waiting_together_once():
+    # max_in_flight 1 and a 20 ms store: eight producers wait side by side for room.
+    config = ast.AsyncStateConfig(max_in_flight=1)
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=20)
+    loop = asyncio.get_running_loop()
+    async with ast.KeyedOperator(Counter(), key_selector=first, backend=backend,
+                                 config=config) as op:
+        started = loop.time()
+        await asyncio.gather(*(op.process((k, k)) for k in range(8)))
+        await op.drain()
+        elapsed = loop.time() - started
+        m = op.metrics
+    # Seven records waited for the ones before them: each waited at least one record's two
+    # round trips, together seven such waits one after the other.
+    assert m["blocked_seconds"] >= 7 * 0.04 * 0.9
+    # Summed per producer, the waits would come to about 28 records' worth (1 + 2 + ... + 7).
+    assert m["blocked_seconds"] <= elapsed

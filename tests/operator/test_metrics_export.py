@@ -154,3 +154,60 @@ def test_prometheus_module_names_the_extra_when_prometheus_client_is_missing():
                           timeout=60, check=True)
     assert proc.stdout.strip() == ("asyncstate.prometheus needs the prometheus_client "
                                    "package: pip install 'asyncstate[metrics]'")
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 64, 128, 129, 256, 1000])
+def test_prometheus_batch_size_buckets_are_exact_at_their_bounds(batch_size):
+    registry = CollectorRegistry()
+    collector = OperatorCollector(registry)
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0)
+    scraped: dict[str, Any] = {}
+
+    class Reads(ast.KeyedProcessFunction):
+        def open(self, ctx):
+            self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+        def process_element(self, value, ctx):
+            return self.v.value()
+
+    async def go() -> None:
+        # Every record reads once and admission holds them back until a batch is full:
+        # two batches of exactly batch_size reads.
+        op = ast.KeyedOperator(Reads(), key_selector=lambda r: r, backend=backend,
+                               config=ast.AsyncStateConfig(batch_size=batch_size,
+                                                           buffer_timeout_ms=0,
+                                                           max_in_flight=batch_size))
+        collector.add(op)
+        async with op:
+            for i in range(2 * batch_size):
+                await op.process(i)
+            await op.drain()
+            scraped["sizes"] = op.metrics["batch_size"]
+            scraped["after"] = _scrape(registry)
+
+    asyncio.run(go())
+    assert scraped["sizes"]["count"] == 2 and scraped["sizes"]["max"] == batch_size
+    buckets = {k.split("le=")[1].split(",")[0]: v
+               for k, v in scraped["after"]["asyncstate_batch_size_bucket"].items()}
+    for le, count in buckets.items():
+        bound = float("inf") if le == "+Inf" else float(le)
+        assert count == (2.0 if batch_size <= bound else 0.0), (le, buckets)
+
+
+def test_prometheus_collector_refuses_duplicates_and_bad_labels():
+    registry = CollectorRegistry()
+    collector = OperatorCollector(registry)
+    with pytest.raises(ValueError, match="Duplicated"):
+        OperatorCollector(registry)  # the same names twice would break every scrape
+    op = ast.KeyedOperator(Counter(), key_selector=lambda r: r, backend=ast.HeapBackend())
+    with pytest.raises(TypeError, match="label shard's value must be a str, got int 3"):
+        collector.add(op, shard=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'bad-name' is not a Prometheus label name"):
+        collector.add(op, **{"bad-name": "x"})
+    with pytest.raises(ValueError, match="not a Prometheus label name"):
+        collector.add(op, __reserved="x")
+    collector.add(op, shard="3")
+    with pytest.raises(ValueError, match="exported by this collector already"):
+        collector.add(op, shard="4")
+    samples = _scrape(registry)["asyncstate_records_in_total"]
+    assert samples == {"index=0,operator=Counter,shard=3": 0.0}
