@@ -555,3 +555,37 @@ async def test_a_failure_keeps_the_traceback_down_to_the_users_line(
     assert frames[-1].name == ("process_element" if kind == "sync" else "_later"), frames
     assert frames[-1].filename == __file__
     assert frames[-1].line == 'raise KeyError("the user\'s line")'
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.backends("heap", "remote0", "rocksdb")
+@pytest.mark.parametrize("wait", ["sleep", "state"])
+async def test_no_record_starts_after_the_run_failed(make_backend: Any, wait: str) -> None:
+    # Records 1..5 share record 0's key and wait for it; others wait for capacity. Record 0
+    # fails after an await: none of the others may run user code (side effects) after it.
+    started: list[int] = []
+
+    class FailsFirst(ast.KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+        async def process_element(self, rec: Any, ctx: Any) -> None:
+            started.append(rec[1])
+            if rec[1] == 0:
+                if wait == "sleep":
+                    await asyncio.sleep(0.01)
+                else:
+                    await self.v.value()
+                raise Boom("record 0")
+            await self.v.update(rec[1])
+
+    op = ast.KeyedOperator(FailsFirst(), key_selector=first, backend=make_backend(),
+                           config=cfg(max_in_flight=8))
+    with pytest.raises(Boom, match="record 0"):
+        async with op:
+            for i in range(6):
+                await op.process(("k", i))
+            for i in range(6, 12):
+                await op.process((f"other{i}", i))
+            await op.drain()
+    assert 0 in started and not any(0 < i < 6 for i in started)
