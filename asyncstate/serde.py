@@ -134,10 +134,11 @@ def key_group_of_bytes(key_bytes: bytes, max_parallelism: int) -> int:
     return _murmur3(key_bytes, 0, False) % max_parallelism
 
 
-def decode_key(data: bytes) -> Any:
-    """Decode canonical key bytes (tuples come back as lists)."""
+def decode_key(data: bytes, tuples: bool = False) -> Any:
+    """Decode canonical key bytes: tuples come back as lists, or with `tuples` as tuples
+    (hashable, as the keys a key selector returns usually are)."""
     try:
-        return _unpackb(data, raw=False, strict_map_key=False)
+        return _unpackb(data, raw=False, strict_map_key=False, use_list=not tuples)
     except _StackError:
         raise SerializationError(
             f"a stored key cannot be read back: {_TOO_DEEP}", type_name="bytes") from None

@@ -343,5 +343,6 @@ def timer_namespace(ctx: RecordContext) -> Any:
     timer = ctx.record
     if not isinstance(timer, InternalTimer):
         return None
-    return None if timer.namespace_bytes == NONE_BYTES else decode_key(timer.namespace_bytes)
+    return None if timer.namespace_bytes == NONE_BYTES \
+        else decode_key(timer.namespace_bytes, True)
 

@@ -170,5 +170,5 @@ def decode_timer(encoded: object) -> InternalTimer:
                                  "then exactly a msgpack key and a msgpack namespace",
                                  type_name="bytes")
     key_bytes = data[_HEAD_SIZE:key_end]
-    return InternalTimer(int(biased) - _SIGN, decode_key(key_bytes), key_bytes,
+    return InternalTimer(int(biased) - _SIGN, decode_key(key_bytes, True), key_bytes,
                          data[key_end:], int(key_group))

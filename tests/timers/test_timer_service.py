@@ -493,3 +493,35 @@ def test_timers_work_where_rocksdict_is_not_installed() -> None:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[1, 2, 3]\n"
+
+
+class _TupleKeyTimers(ast.KeyedProcessFunction):
+    """Registers timers 0 .. n-1 in namespace ("w", 1); each firing emits the key and
+    namespace it sees."""
+
+    def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+        for ts in range(record[1]):
+            ctx.timer_service.register_event_time_timer(ts, ("w", 1))
+
+    def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
+        ctx.emit((ts, ctx.current_key, ctx.timer_namespace))
+
+
+async def test_a_tuple_key_and_namespace_reach_on_timer_as_tuples(timer_backend,
+                                                                  tmp_path: Path) -> None:
+    # 300 timers of one key: on RocksDB the key group's timer cache refills from the
+    # database; and a checkpoint restores the rest.
+    fn_key = ("user", 7)
+    async with operator(_TupleKeyTimers(), timer_backend(), timestamp_selector=None) as op:
+        await op.process((fn_key, 300))
+        await op.advance_watermark(149)
+        path = await op.snapshot(tmp_path / "chk", 1)
+        fired = op.outputs()
+    async with operator(_TupleKeyTimers(), timer_backend(), timestamp_selector=None,
+                        restore_from=path) as op:
+        await op.advance_watermark(10**6)
+        fired += op.outputs()
+    assert [ts for ts, _k, _ns in fired] == list(range(300))
+    assert all(type(k) is tuple and k == fn_key for _ts, k, _ns in fired)
+    assert all(type(ns) is tuple and ns == ("w", 1) for _ts, _k, ns in fired)
+    assert len({k for _ts, k, _ns in fired}) == 1  # usable as a dict key
