@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import types
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from asyncstate.runtime.future import _CALL, _FAILED, _PENDING, StateFuture
+from asyncstate.runtime.handover import Handover
 from asyncstate.runtime.stepping import FINISHED, step
 
 if TYPE_CHECKING:
@@ -156,37 +157,6 @@ class RecordTask:
         return 0
 
 
-@types.coroutine
-def _continue(coro: Coroutine[Any, Any, Any], first: Any,
-              pending: BaseException | None = None) -> Generator[Any, Any, Any]:
-    """Hand a suspended coroutine to a Task: yield what it yielded, then keep forwarding.
-    `pending` (a cancellation asked before the move) is first thrown in where it waits."""
-    yielded = first
-    if pending is not None:
-        try:
-            yielded = coro.throw(pending)
-        except StopIteration as stop:
-            return stop.value
-    while True:
-        try:
-            yield yielded
-        except BaseException as exc:  # noqa: BLE001 - thrown in by the Task (cancellation)
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                yielded = coro.send(None)
-            except StopIteration as stop:
-                return stop.value
-
-
-async def _task_body(coro: Coroutine[Any, Any, Any], first: Any,
-                     pending: BaseException | None = None) -> Any:
-    return await _continue(coro, first, pending)
-
-
 class UserCodeDriver:
     """Runs a record's user code and keeps the record in flight until it is done."""
 
@@ -287,7 +257,7 @@ class UserCodeDriver:
             pending = asyncio.CancelledError() if message is None \
                 else asyncio.CancelledError(message)
         body = coro if yielded is None and pending is None \
-            else _task_body(coro, yielded, pending)
+            else Handover(coro, yielded, pending)
         task = self._loop.create_task(body, context=ctx.vars)
         if stand_in is not None:
             stand_in.real = task

@@ -439,3 +439,74 @@ def test_deeply_nested_helper_awaits_in_stepped_mode(depth: int, expected: str) 
                           text=True, timeout=50, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == expected
+
+
+class _DeadlineFromOutside(ast.KeyedProcessFunction):
+    """Enters `asyncio.timeout_at` through a context manager chosen at run time (the code scan
+    cannot see it), with a deadline already passed, then awaits I/O."""
+
+    needs_task = False
+
+    def __init__(self, deadline_cm: Any) -> None:
+        self.deadline_cm = deadline_cm
+
+    async def process_element(self, rec: Any, ctx: ast.RecordContext) -> None:
+        try:
+            async with self.deadline_cm(asyncio.get_running_loop().time() + rec[1]):
+                await asyncio.sleep(1)
+            ctx.emit("no timeout")
+        except TimeoutError:
+            ctx.emit("TimeoutError")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("offset", [0.0, 0.002])
+async def test_a_timeout_that_expires_before_the_record_s_task_first_runs_reaches_its_code(
+        offset: float) -> None:
+    # The deadline passes before the Task the record moved into first runs: the cancellation
+    # must still reach the record's `async with`, which turns it into TimeoutError.
+    async with keyed_operator(_DeadlineFromOutside(asyncio.timeout_at), ast.HeapBackend(),
+                              key_selector=lambda r: r[0]) as op:
+        for i in range(5):
+            await op.process((i, offset))
+        await op.drain()
+        assert op.outputs() == ["TimeoutError"] * 5
+
+
+@pytest.mark.timeout(30)
+async def test_a_failed_run_cancels_the_tasks_a_record_awaits_through_gather() -> None:
+    events: list[str] = []
+    child_started = asyncio.Event()
+
+    async def child() -> None:
+        child_started.set()
+        try:
+            await asyncio.sleep(5)
+            events.append("child ran to its end")
+        except asyncio.CancelledError:
+            events.append("child cancelled")
+            raise
+
+    class GatherThenFail(ast.KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+        async def process_element(self, rec: Any, ctx: ast.RecordContext) -> None:
+            await self.v.value()  # both records' reads travel in one batch
+            if rec == "B":
+                await child_started.wait()
+                raise ValueError("record B fails")
+            try:
+                await asyncio.gather(child())
+            except asyncio.CancelledError:
+                events.append("record cancelled")
+                raise
+
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=2)
+    with pytest.raises(ValueError, match="record B fails"):
+        async with keyed_operator(GatherThenFail(), backend, key_selector=lambda r: r) as op:
+            await op.process("B")
+            await op.process("A")
+            await op.drain()
+    # Cancelled before the operator closed, as a Task awaiting gather() is.
+    assert events == ["child cancelled", "record cancelled"]
