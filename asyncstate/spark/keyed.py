@@ -35,7 +35,8 @@ from asyncstate.spark.routing import (
 from asyncstate.spark.rows import ArrowOutput, OutputCheck, input_converter
 from asyncstate.spark.session import driver_log_level, use_driver_python
 
-__all__ = ["BATCH_ID_PROPERTY", "partition_runner", "process_keyed"]
+__all__ = ["BATCH_ID_PROPERTY", "absolute_path", "check_job", "partition_runner",
+           "process_keyed"]
 
 # The local property Structured Streaming sets on the driver thread (and so on every task)
 # of a micro-batch.
@@ -147,8 +148,38 @@ def _check_backend(backend: object) -> BackendSpec:
                       "directory returning a state backend (called inside the partition)")
 
 
-def _abspath(path: str | os.PathLike[str] | None) -> str | None:
-    return None if path is None else os.path.abspath(os.fspath(path))
+def absolute_path(name: str, path: object) -> str | None:
+    """`path` (or None) as an absolute path; TypeError or ConfigError naming `name`."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got "
+                        f"{type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str path, got {type(text).__name__}")
+    if not text:
+        raise ConfigError(name, path, "a non-empty path (a directory every executor sees)")
+    return os.path.abspath(text)
+
+
+def check_job(function_factory: object, num_partitions: object, backend: object,
+              config: object, output_schema: object) -> AsyncStateConfig:
+    """Check what a keyed job is made of before Spark runs anything (also where no
+    SparkContext is at hand yet): the config, with AsyncStateConfig() for None."""
+    _check_factory(function_factory)
+    if config is None:
+        config = AsyncStateConfig()
+    elif not isinstance(config, AsyncStateConfig):
+        raise TypeError(f"config must be an AsyncStateConfig, got {type(config).__name__}")
+    check_int("num_partitions", num_partitions, 1, config.max_parallelism)
+    _check_backend(backend)
+    from pyspark.sql.types import StructType
+
+    if output_schema is not None and not isinstance(output_schema, (str, StructType)):
+        raise TypeError(f"output_schema must be a StructType or a DDL string, got "
+                        f"{type(output_schema).__name__}")
+    return config
 
 
 def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: int,
@@ -158,6 +189,7 @@ def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: 
           initial_watermark: Any = None, final_watermark: Any = None) -> PartitionSpec:
     """Validate the arguments on the driver; prepare the driver (workers' interpreter, the
     failure hook); the PartitionSpec the partitions receive."""
+    config = check_job(function_factory, num_partitions, backend, config, None)
     factory = _check_factory(function_factory)
     check_selector("key_selector", key_selector)
     check_selector("timestamp_selector", timestamp_selector, optional=True)
@@ -165,12 +197,8 @@ def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: 
                             ("final_watermark", final_watermark)):
         if watermark is not None:
             check_timestamp(name, watermark)
-    if config is None:
-        config = AsyncStateConfig()
-    elif not isinstance(config, AsyncStateConfig):
-        raise TypeError(f"config must be an AsyncStateConfig, got {type(config).__name__}")
     max_p = config.max_parallelism
-    check_int("num_partitions", num_partitions, 1, max_p)
+    checkpoint_dir = absolute_path("checkpoint_dir", checkpoint_dir)
     if checkpoint_dir is not None and checkpoint_id is None:
         checkpoint_id = _batch_id(sc)
         if checkpoint_id is None:
@@ -182,7 +210,7 @@ def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: 
             raise ConfigError("checkpoint_dir", None,
                               "a directory every executor sees when checkpoint_id is given")
         checkpoint_path(checkpoint_dir, checkpoint_id)  # validates the id
-    restore = _abspath(restore_from)
+    restore = absolute_path("restore_from", restore_from)
     if restore is not None:
         _check_restorable(restore, max_p)
     if report is not None and not isinstance(report, RunReport):
@@ -193,7 +221,7 @@ def _spec(sc: Any, function_factory: Any, *, key_selector: Any, num_partitions: 
     return PartitionSpec(
         function_factory=factory, key_selector=key_selector, num_partitions=num_partitions,
         backend=_check_backend(backend), config=config,
-        checkpoint_dir=_abspath(checkpoint_dir), checkpoint_id=checkpoint_id,
+        checkpoint_dir=checkpoint_dir, checkpoint_id=checkpoint_id,
         restore_from=restore, log_level=log_level or driver_log_level(),
         report=report.accumulator if report is not None else None,
         timestamp_selector=timestamp_selector, initial_watermark=initial_watermark,

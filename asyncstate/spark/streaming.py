@@ -27,13 +27,13 @@ from typing import Any
 
 from asyncstate.checkpoint.format import checkpoint_path
 from asyncstate.config import AsyncStateConfig, check_int
-from asyncstate.errors import ConfigError
+from asyncstate.errors import CheckpointError, ConfigError
 from asyncstate.function import KeyedProcessFunction
 from asyncstate.log import get_logger
 from asyncstate.operator.arguments import check_selector
 from asyncstate.operator.progress import MIN_WATERMARK
 from asyncstate.spark import eventtime
-from asyncstate.spark.keyed import process_keyed
+from asyncstate.spark.keyed import absolute_path, check_job, process_keyed
 from asyncstate.spark.partition import BackendSpec
 from asyncstate.spark.report import RunReport, verify_checkpoint
 
@@ -88,6 +88,11 @@ class KeyedBatchWriter:
                  timestamp_selector: Callable[[Any], int | None] | None = None,
                  watermark_delay_ms: int | None = None) -> None:
         check_int("retain", retain, _MIN_RETAIN)
+        check_job(function_factory, num_partitions, backend, config, output_schema)
+        directory = absolute_path("checkpoint_dir", checkpoint_dir)
+        if directory is None:
+            raise ConfigError("checkpoint_dir", None,
+                              "a directory every executor and the driver see")
         check_selector("key_selector", key_selector)
         check_selector("timestamp_selector", timestamp_selector, optional=True)
         if watermark_delay_ms is not None:
@@ -102,7 +107,7 @@ class KeyedBatchWriter:
         self.function_factory = function_factory
         self.key_selector = key_selector
         self.num_partitions = num_partitions
-        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self.checkpoint_dir = directory
         self.sink = sink
         self.backend = backend
         self.config = config
@@ -116,7 +121,7 @@ class KeyedBatchWriter:
         self._report: RunReport | None = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        restore = previous_checkpoint(self.checkpoint_dir, batch_id)
+        restore = self._restore_from(batch_id)
         report = self._report
         if report is None:
             report = self._report = RunReport(batch.sparkSession.sparkContext)
@@ -150,6 +155,34 @@ class KeyedBatchWriter:
         log.info("spark.batch.done", batch_id=batch_id, restored_from=restore,
                  partitions=len(report.partitions), watermark=watermark,
                  max_timestamp=event_time)
+
+    def _restore_from(self, batch_id: int) -> str | None:
+        """The checkpoint of micro-batch `batch_id - 1` (None for batch 0). Spark runs batch N
+        only once batch N-1 has committed, and this writer commits checkpoint N-1 before
+        that: a missing one, or a checkpoint of a later batch, means the state and the
+        query's own checkpoint no longer belong together, and restoring anything else would
+        lose or repeat records."""
+        check_int("batch_id", batch_id, 0)
+        directory = self.checkpoint_dir
+        ids = _checkpoint_ids(directory)
+        later = [i for i in ids if i > batch_id]
+        if later:
+            raise CheckpointError(
+                f"micro-batch {batch_id} runs, but {directory!r} holds the checkpoint of "
+                f"micro-batch {later[-1]}: the query's checkpointLocation is older than its "
+                "state. Restart the query from the checkpointLocation that goes with this "
+                "state, or give a query started afresh a new checkpoint_dir", path=directory)
+        if batch_id == 0:
+            return None
+        if batch_id - 1 not in ids:
+            found = f"its latest is that of micro-batch {ids[-1]}" if ids else \
+                "it holds no checkpoint"
+            raise CheckpointError(
+                f"micro-batch {batch_id} restores from the checkpoint of micro-batch "
+                f"{batch_id - 1}, which {directory!r} does not hold ({found}): was the "
+                "directory deleted, emptied or changed? Restore it, or start the query "
+                "afresh (a new checkpointLocation and a new checkpoint_dir)", path=directory)
+        return checkpoint_path(directory, batch_id - 1)
 
     def _expire(self, batch_id: int) -> None:
         """Delete checkpoints older than the `retain` latest up to `batch_id` (never a later

@@ -91,3 +91,56 @@ def test_foreach_batch_refuses_wrong_event_time_arguments_when_built(
                                  "checkpoint_dir": tmp_path} | overrides
     with pytest.raises(error, match=pattern):
         aspark.foreach_batch(KeyCounter, **arguments)
+
+
+@pytest.mark.parametrize(("overrides", "error", "pattern"), [
+    ({"num_partitions": 0}, ast.ConfigError, r"^num_partitions must be in \[1, 128\], got 0"),
+    ({"num_partitions": 1000}, ast.ConfigError, r"^num_partitions must be in \[1, 128\]"),
+    ({"num_partitions": 200, "config": ast.AsyncStateConfig(max_parallelism=256)}, None, ""),
+    ({"backend": "rocks"}, ast.ConfigError, r"^backend must be \"rocksdb\", \"heap\""),
+    ({"config": {}}, TypeError, r"^config must be an AsyncStateConfig, got dict"),
+    ({"output_schema": 42}, TypeError, r"^output_schema must be a StructType or a DDL string"),
+    ({"function_factory": KeyCounter()}, TypeError, r"^function_factory must be a callable"),
+    ({"checkpoint_dir": ""}, ast.ConfigError, r"^checkpoint_dir must be a non-empty path"),
+    ({"checkpoint_dir": None}, ast.ConfigError, r"^checkpoint_dir must be a directory every"),
+    ({"checkpoint_dir": 5}, TypeError, r"^checkpoint_dir must be a path \(str or os.PathLike"),
+])
+def test_foreach_batch_checks_the_job_when_built(
+        tmp_path: Path, overrides: dict[str, Any], error: type[Exception] | None,
+        pattern: str) -> None:
+    # No Spark needed: a query would otherwise start and fail at its first micro-batch.
+    arguments: dict[str, Any] = {"key_selector": key_of, "num_partitions": 2,
+                                 "checkpoint_dir": tmp_path} | overrides
+    factory = arguments.pop("function_factory", KeyCounter)
+    if error is None:
+        aspark.foreach_batch(factory, **arguments)
+        return
+    with pytest.raises(error, match=pattern):
+        aspark.foreach_batch(factory, **arguments)
+
+
+def test_process_keyed_refuses_an_empty_checkpoint_dir(rdd: Any) -> None:
+    with pytest.raises(ast.ConfigError, match=r"^checkpoint_dir must be a non-empty path"):
+        keyed(rdd, checkpoint_dir="", checkpoint_id=1)
+    with pytest.raises(TypeError, match=r"^restore_from must be a path \(str or os.PathLike"):
+        keyed(rdd, restore_from=5)
+
+
+@pytest.mark.parametrize(("present", "batch_id", "pattern"), [
+    ([], 3, r"micro-batch 3 restores from the checkpoint of micro-batch 2, which .* does not "
+            r"hold \(it holds no checkpoint\): was the directory deleted"),
+    ([0, 1], 3, r"does not hold \(its latest is that of micro-batch 1\)"),
+    ([0, 1, 2, 3], 1, r"micro-batch 1 runs, but .* holds the checkpoint of micro-batch 3: "
+                      r"the query's checkpointLocation is older than its state"),
+])
+def test_foreach_batch_refuses_a_batch_its_state_does_not_match(
+        spark: Any, tmp_path: Path, present: list[int], batch_id: int, pattern: str) -> None:
+    # The checkpoints a query would have written so far (only their names count here).
+    for i in present:
+        (tmp_path / f"chk-{i}").mkdir()
+    writer = aspark.foreach_batch(KeyCounter, key_selector=key_of, num_partitions=2,
+                                  checkpoint_dir=tmp_path, backend="heap")
+    batch = spark.createDataFrame([(1, 1)], "key long, id long")
+    with pytest.raises(ast.CheckpointError, match=pattern):
+        writer(batch, batch_id)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"chk-{i}" for i in present]
