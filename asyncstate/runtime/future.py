@@ -16,6 +16,8 @@ A future completes once. Invariants:
 - A chain of callbacks of any length completes in bounded stack: past `_MAX_DEPTH` links,
   the outermost completion settles the rest (`_complete_at`, `_run_deferred`); a deferred
   future stays pending until then, so a future that looks done has run its callbacks.
+  Likewise `then_compose` on completed futures nested `_MAX_DEPTH` calls deep (a recursive
+  loop over state calls that complete at once) runs its function from a loop callback.
 - An exception raised by a callback completes the returned future exceptionally; a failure
   skips the callbacks down a chain and travels to its end. `BaseException`s that are not
   `Exception`s propagate and are never captured.
@@ -82,6 +84,18 @@ _GATHER: Final = 7  # target.one_done(future): one input of combine_all (target:
 _MAX_DEPTH: Final = 32
 
 _get_running_loop: Final = asyncio.get_running_loop  # compiled: Final alias
+
+
+class _Nesting:
+    """How many `then_compose` calls on completed futures are running inside each other."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+_NESTING: Final = _Nesting()
 
 
 class StateFuture(Generic[T]):
@@ -406,6 +420,12 @@ class StateFuture(Generic[T]):
         """A future of the result of the StateFuture fn(result) returns."""
         state = self._state
         if state == _DONE:
+            nesting = _NESTING
+            if nesting.depth >= _MAX_DEPTH:
+                deferred = self._compose_later(fn)
+                if deferred is not None:
+                    return deferred
+            nesting.depth += 1
             try:
                 # compiled: typed as object (a compiled build checks the result here, naming
                 # fn, rather than at the call).
@@ -413,6 +433,8 @@ class StateFuture(Generic[T]):
                 inner = call(self._result)
             except Exception as exc:  # noqa: BLE001
                 return failed_future(exc)
+            finally:
+                nesting.depth -= 1
             if type(inner) is not StateFuture:
                 return failed_future(_not_a_future(fn, inner))
             return inner
@@ -420,6 +442,20 @@ class StateFuture(Generic[T]):
             self._observed = True
             return failed_future(self._exception)  # type: ignore[arg-type]
         return self._chain(_COMPOSE, fn)
+
+    def _compose_later(self, fn: Callable[[T], StateFuture[U]]) -> StateFuture[U] | None:
+        """`then_compose` of a completed future nested `_MAX_DEPTH` calls deep (a loop
+        written as recursive `then_compose` over state calls that complete at once): `fn`
+        runs from a loop callback, at the bottom of the stack, in the current record's
+        contextvars; the record stays in flight meanwhile. None without a running loop."""
+        try:
+            loop = _get_running_loop()
+        except RuntimeError:
+            return None
+        relay: StateFuture[T] = StateFuture(current_context())
+        target: StateFuture[U] = relay._chain(_COMPOSE, fn)
+        loop.call_soon(relay._complete, self._result)
+        return target
 
     def then_combine(self, other: StateFuture[U], fn: Callable[[T, U], V]) -> StateFuture[V]:
         """A future of fn(result, other's result), once both are done."""
