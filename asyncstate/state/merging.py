@@ -41,10 +41,12 @@ class MergingTtl(Protocol):
         """The payload of a read by get()."""
 
     def merge_read(self, ctx: RecordContext) -> Any:
-        """The payload of the read inside add()."""
+        """The payload of the read inside add(), made when add() is called; it also takes
+        the time the add's write stamps, and tells the state's cleanup of that write."""
 
-    def stamp(self, ctx: RecordContext, stored: Any) -> Any:
-        """The entry add() writes for the stored form `stored`."""
+    def merge_stamp(self, read: Any, stored: Any) -> Any:
+        """The entry add() writes for the stored form `stored`, stamped with the time its
+        read `read` took."""
 
     def touch(self, ctx: RecordContext) -> None:
         """An access that neither reads nor stamps (clear)."""
@@ -73,19 +75,16 @@ class _MergingState(InternalState):
         return self._controller.handle_request(self, self._get_type, payload, ctx, ns)
 
     # What TTL changes: the payload of the read of get() and of the read inside add(), and
-    # the stored form of the value add() writes. Each is called when its request is issued.
+    # the stored form of the value add() writes.
 
     def _get_payload(self, ctx: RecordContext) -> Any:
         return None if self._ttl is None else self._ttl.read(ctx, None)
 
-    def _fold_payload(self, ctx: RecordContext) -> Any:
-        return None if self._ttl is None else self._ttl.merge_read(ctx)
-
-    def _stored(self, ctx: RecordContext, value: Any) -> Any:
+    def _stored(self, fold_payload: Any, value: Any) -> Any:
         stored = to_stored(value, self.name)
         if self._ttl is None or stored is None:  # a fold that stores None clears the value
             return stored
-        return self._ttl.stamp(ctx, stored)
+        return self._ttl.merge_stamp(fold_payload, stored)
 
     def _write_serialized(self, ctx: RecordContext,
                           step: Callable[[bytes], StateFuture[Any]]) -> StateFuture[None]:
@@ -103,12 +102,17 @@ class _MergingState(InternalState):
     def _add_with(self, fold: Callable[[Any], Any]) -> StateFuture[None]:
         ctx = self._controller.current(self)
         controller = self._controller
+        # TTL reads the time (for the fold's expiry check and the stamp of the write) and
+        # notes the write's expiration (cleanup timers: in the namespace current now) here,
+        # at the call: the read may wait for an earlier add and the write for the read, while
+        # the clock moves and the record changes namespace.
+        payload = None if self._ttl is None else self._ttl.merge_read(ctx)
 
         def step(ns: bytes) -> StateFuture[None]:
             def write(old: Any) -> StateFuture[None]:
                 return controller.handle_request(
-                    self, self._put_type, self._stored(ctx, fold(old)), ctx, ns)
-            return self._read(ctx, ns, self._fold_payload(ctx)).then_compose(write)
+                    self, self._put_type, self._stored(payload, fold(old)), ctx, ns)
+            return self._read(ctx, ns, payload).then_compose(write)
 
         return self._write_serialized(ctx, step)
 

@@ -417,6 +417,39 @@ async def test_add_folds_into_an_expired_value_only_when_expired_values_are_retu
     assert out == [(expected, expected), (expected, expected)]
 
 
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+async def test_add_reads_the_time_when_it_is_called_not_when_its_batch_runs(backend, kind):
+    # The clock moves while the adds are in flight (as the wall clock does during a slow
+    # batch): an add stamps the time it was called, and a second add of the record checks
+    # the value it folds into at its own call, not once the first add is done.
+    # RETURN_EXPIRED_IF_NOT_CLEANED_UP: a read returns an expired value once, removing it.
+    fn = Steps(s=KINDS[kind][0](ttl(100, visibility=RETURN)))
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return await s.s.get()
+
+    async with make_operator(fn, backend) as op:
+        async def add_then_wait(s: Any, ctx: Any) -> Any:
+            pending = s.s.add(5)
+            op.clock.set(60)
+            await pending
+            return NOTHING
+
+        async def two_adds_then_wait(s: Any, ctx: Any) -> Any:
+            first, second = s.s.add(1), s.s.add(2)
+            op.clock.set(250)
+            await first
+            await second
+            return NOTHING
+
+        out = await play(op, [At(0, add_then_wait, key="a"), At(100, read, key="a"),
+                              At(100, read, key="a"), At(100, two_adds_then_wait, key="b"),
+                              At(250, read, key="b"), At(250, read, key="b")])
+    # "a" expired at 100 (stamped 0, not 60); "b" holds 1 + 2, stamped 100 and expired at
+    # 200 (not 1 then, the second add having checked at 250, a fresh 2).
+    assert out == [5, None, 3, None]
+
+
 # -- order on the batched path --------------------------------------------------------------
 
 async def test_a_refreshing_read_then_an_update_without_awaiting_ends_with_the_update(backend):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from shared_functions import Sum, slow_examples
 from ttl_harness import NOTHING, At, Steps, advance, play, stored_entries
 from ttl_harness import operator as make_operator
 
@@ -189,6 +189,35 @@ async def test_the_default_granularity_is_a_sixteenth_of_the_ttl(backend):
         assert stored_entries(backend, "v") == 1
         await advance(op, 1700, False)
         assert stored_entries(backend, "v") == 0
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "remote0"], indirect=True)
+@TIME
+async def test_an_add_registers_its_cleanup_timer_in_the_namespace_it_was_called_in(
+        backend, event_time):
+    # A reducing or aggregating add writes once its own read is answered; the record has
+    # moved to another namespace by then, and the timer must still cover the namespace the
+    # add was called in (as the write itself does).
+    config = _config(event_time=event_time)
+    fn = Steps(r=ast.ReducingStateDescriptor("r", lambda a, b: a + b, ttl=config),
+               a=ast.AggregatingStateDescriptor("a", Sum(), ttl=config))
+
+    async def add(s: Any, ctx: Any) -> Any:
+        for state in (s.r, s.a):
+            state.set_current_namespace("window-1")
+        # The second add of r waits for the first.
+        pending = [s.r.add(1), s.a.add(1), s.r.add(2)]
+        for state in (s.r, s.a):
+            state.set_current_namespace(None)
+        for fut in pending:
+            await fut
+        return NOTHING
+
+    async with make_operator(fn, backend, event_time=event_time) as op:
+        await play(op, [At(0, add)], event_time=event_time)
+        assert _count(backend, "ra") == 2
+        await advance(op, 100, event_time)
+        assert _count(backend, "ra") == 0
 
 
 # -- refreshed entries -------------------------------------------------------------------------

@@ -237,8 +237,17 @@ class TtlSupport:
         return self._make_read(ctx, None, self.peek_policy)
 
     def merge_read(self, ctx: RecordContext) -> TtlRead:
-        """The payload of the read inside a reducing or aggregating `add()`."""
-        return self._make_read(ctx, None, self.merge_policy)
+        """The payload of the read inside a reducing or aggregating `add()`, made when the
+        add is called. Its access time is the one the add's write stamps (`merge_stamp`;
+        the read itself refreshes nothing), and the write is noted as `write_time` notes
+        one (the tracker, cleanup with timers, incremental cleanup)."""
+        access = self.write_time(ctx)
+        now = self._operator.current_watermark() if self._event else access
+        return TtlRead(self.merge_policy, now, access, None)
+
+    def merge_stamp(self, read: TtlRead, stored: Any) -> TtlValue:
+        """The entry a reducing or aggregating `add()` whose read is `read` writes."""
+        return TtlValue(read.access, stored)
 
     def write_time(self, ctx: RecordContext) -> int:
         """The access time of a write issued now."""
