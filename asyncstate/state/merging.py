@@ -74,8 +74,8 @@ class _MergingState(InternalState):
     def _read(self, ctx: RecordContext, ns: bytes, payload: Any) -> StateFuture[Any]:
         return self._controller.handle_request(self, self._get_type, payload, ctx, ns)
 
-    # What TTL changes: the payload of the read of get() and of the read inside add(), and
-    # the stored form of the value add() writes.
+    # What TTL changes: the payload of the read of get() and of the read inside add(), both
+    # made when the call is issued, and the stored form of the value add() writes.
 
     def _get_payload(self, ctx: RecordContext) -> Any:
         return None if self._ttl is None else self._ttl.read(ctx, None)
@@ -142,7 +142,8 @@ class ReducingState(_MergingState, Generic[T]):
     def get(self) -> StateFuture[T | None]:
         """A future of the reduced value, or None when nothing was added."""
         ctx = self._controller.current(self)
-        return self._serialized(ctx, lambda ns: self._read(ctx, ns, self._get_payload(ctx)))
+        payload = self._get_payload(ctx)  # TTL: the time of the call, not of a pending add's end
+        return self._serialized(ctx, lambda ns: self._read(ctx, ns, payload))
 
     def add(self, value: T) -> StateFuture[None]:
         """Fold `value`, as it is at the call, into the stored value."""
@@ -173,8 +174,8 @@ class AggregatingState(_MergingState, Generic[IN, OUT]):
         """A future of get_result(accumulator), or None when nothing was added."""
         ctx = self._controller.current(self)
         agg = self._agg
-        return self._serialized(
-            ctx, lambda ns: self._read(ctx, ns, self._get_payload(ctx))).then_apply(
+        payload = self._get_payload(ctx)  # TTL: the time of the call, not of a pending add's end
+        return self._serialized(ctx, lambda ns: self._read(ctx, ns, payload)).then_apply(
             lambda acc: None if acc is None else agg.get_result(acc))
 
     def add(self, value: IN) -> StateFuture[None]:

@@ -450,6 +450,39 @@ async def test_add_reads_the_time_when_it_is_called_not_when_its_batch_runs(back
     assert out == [5, None, 3, None]
 
 
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+async def test_a_get_behind_a_pending_add_reads_the_time_when_it_is_called(backend, kind):
+    # A get waits for an add of its record (of any namespace) while the clock moves past the
+    # expiration and the record changes namespace: it checks expiry, refreshes
+    # (ON_READ_AND_WRITE) and registers the cleanup timer of its refresh at its own call.
+    config = ast.StateTtlConfig.new_builder(100).disable_cleanup_in_background() \
+        .update_ttl_on_read_and_write().cleanup_with_timers(1).build()
+    fn = Steps(s=KINDS[kind][0](config))
+
+    async def add(s: Any, ctx: Any) -> Any:
+        s.s.set_current_namespace("window-1")
+        await s.s.add(1)
+        return NOTHING
+
+    async with make_operator(fn, backend) as op:
+        async def add_then_get(s: Any, ctx: Any) -> Any:
+            s.s.set_current_namespace(None)
+            added = s.s.add(5)
+            s.s.set_current_namespace("window-1")
+            got = s.s.get()  # waits for the add
+            s.s.set_current_namespace(None)
+            op.clock.set(120)
+            await added
+            return await got
+
+        # window-1, stamped 0, is refreshed at 60: both entries expire at 160.
+        assert await play(op, [At(0, add), At(60, add_then_get)]) == [1]
+        await advance(op, 159, False)
+        assert stored_entries(backend, "s") == 2
+        await advance(op, 160, False)
+        assert stored_entries(backend, "s") == 0
+
+
 # -- order on the batched path --------------------------------------------------------------
 
 async def test_a_refreshing_read_then_an_update_without_awaiting_ends_with_the_update(backend):
