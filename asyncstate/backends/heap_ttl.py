@@ -102,19 +102,17 @@ def map_contains(table: dict[Any, Any], k: Any, read: TtlRead) -> bool:
 
 def map_is_empty(table: dict[Any, Any], k: Any, read: TtlRead) -> bool:
     """True when the map holds no entry a read would return. Expired entries met before the
-    first such entry are removed."""
+    first such entry are removed (not that entry, expired or not: no read returned it)."""
     entries: dict[bytes, TtlValue] | None = table.get(k)  # compiled: typed local
     if not entries:
         return True
     expired: list[bytes] = []
     empty = True
     for user_key, entry in entries.items():
-        found = outcome(read, entry.ts)
-        if found != _FRESH:
-            expired.append(user_key)
-        if found != _HIDDEN:
+        if outcome(read, entry.ts) != _HIDDEN:
             empty = False
             break
+        expired.append(user_key)
     if expired and read.policy.cleanup_on_read:
         for user_key in expired:
             del entries[user_key]

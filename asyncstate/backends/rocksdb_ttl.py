@@ -274,14 +274,18 @@ def load(cursor: _Cursor, chunk: int, effects: _Effects) -> Any:
 
 def _is_empty(cursor: _Cursor, read: TtlRead, effects: _Effects) -> bool:
     """True when the map at `cursor` holds no entry a read returns; the expired entries met
-    before the first one it returns are removed."""
+    before the first one it returns are removed (not that one, expired or not: no read
+    returned it)."""
+    handle = cursor.handle
+    cleanup = read.policy.cleanup_on_read
     lower = cursor.prefix
     while True:
-        entries = _scan(cursor.handle, lower, cursor.upper, _SLICE)
+        entries = _scan(handle, lower, cursor.upper, _SLICE)
         for k, v in entries:
-            if _point(read, _current(cursor.handle, k, v), k, cursor.handle,
-                      effects) != _HIDDEN:
+            if _point(read, _current(handle, k, v), k, handle, None) != _HIDDEN:
                 return False
+            if cleanup:
+                effects.delete(k, handle)
         if len(entries) < _SLICE:
             return True
         lower = entries[-1][0] + b"\x00"
