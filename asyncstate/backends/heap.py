@@ -15,12 +15,14 @@ from asyncstate.backends.heap_ttl import (
     MAP,
     SCALAR,
     HeapTtl,
+    TtlWalk,
     list_visible,
     map_contains,
     map_get,
     map_is_empty,
     map_visible,
     value_get,
+    walk_chunk,
 )
 from asyncstate.config import check_backend_state
 from asyncstate.errors import InvalidStateError, KeyGroupError
@@ -419,14 +421,32 @@ class HeapBackend:
         chunk = [decode(x) for x in items[offset:end]]
         return IteratorChunk(chunk, (request_type, items, end) if end < len(items) else None)
 
+    def _walk_chunk(self, request_type: StateRequestType, walk: TtlWalk,
+                    offset: int) -> IteratorChunk:
+        items, end = walk_chunk(walk, offset, self._chunk)
+        decode = _ITEM_DECODERS[request_type]
+        chunk = [decode(x) for x in items]
+        return IteratorChunk(chunk, (request_type, walk, end) if end < len(walk.entries)
+                             else None)
+
     def _next_chunk(self, payload: Any) -> IteratorChunk:
         _original_type, continuation = payload
         request_type, items, offset = continuation
+        if type(items) is TtlWalk:
+            return self._walk_chunk(request_type, items, offset)
         return self._chunk_of(request_type, items, offset)
 
     def _list_get(self, table: Table, key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
-        if payload is not None:  # a TtlRead: the visible elements, a fresh list
-            visible = list_visible(table, _table_key(key, ns), payload)
+        if payload is not None:  # a TtlRead
+            k = _table_key(key, ns)
+            elements = table.get(k)
+            if not elements:
+                return IteratorChunk([], None)
+            if len(elements) > self._chunk:  # the read goes chunk by chunk
+                return self._walk_chunk(
+                    _T.LIST_GET, TtlWalk(LIST, table, k, list(elements), payload), 0)
+            # One chunk holds every element the read returns: a fresh list of them.
+            visible = list_visible(table, k, elements, payload)
             return self._chunk_of(_T.LIST_GET, visible, 0) if visible \
                 else IteratorChunk([], None)
         items = table.get(_table_key(key, ns))
@@ -513,8 +533,16 @@ class HeapBackend:
 
     def _map_iter(self, request_type: StateRequestType, table: Table,
                   key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
-        if payload is not None:  # a TtlRead: the visible entries, a fresh list
-            visible = map_visible(table, _table_key(key, ns), payload)
+        if payload is not None:  # a TtlRead
+            k = _table_key(key, ns)
+            stored = table.get(k)
+            if not stored:
+                return IteratorChunk([], None)
+            if len(stored) > self._chunk:  # the read goes chunk by chunk
+                return self._walk_chunk(
+                    request_type, TtlWalk(MAP, table, k, list(stored.items()), payload), 0)
+            # One chunk holds every entry the read returns: a fresh list of them.
+            visible = map_visible(table, k, stored, payload)
             return self._chunk_of(request_type, visible, 0) if visible \
                 else IteratorChunk([], None)
         entries = table.get(_table_key(key, ns))

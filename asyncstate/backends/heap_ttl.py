@@ -5,7 +5,8 @@ A TTL state's table holds `TtlValue`s where a plain state holds stored forms: on
 (value, reducing, aggregating), one per element (a list of them), one per map entry (a dict
 of them). Reads carry a `TtlRead` and follow `asyncstate.state.ttl.layout.outcome`: an expired
 entry found is removed (cleanup on read) and returned only with RETURN_EXPIRED_IF_NOT_CLEANED_UP;
-a fresh one is refreshed in place with ON_READ_AND_WRITE.
+a fresh one is refreshed in place with ON_READ_AND_WRITE. An iteration longer than a chunk
+(`TtlWalk`) applies this to the entries of each chunk as the chunk is loaded, as RocksDB does.
 
 Everything here is internal to `asyncstate.backends.heap`.
 """
@@ -121,12 +122,11 @@ def map_is_empty(table: dict[Any, Any], k: Any, read: TtlRead) -> bool:
     return empty
 
 
-def list_visible(table: dict[Any, Any], k: Any, read: TtlRead) -> list[Any]:
-    """The stored forms of the elements a TTL read of a list returns, in order (the list is
-    refreshed and rid of expired elements as the read says)."""
-    items: list[TtlValue] | None = table.get(k)  # compiled: typed local
-    if not items:
-        return []
+def list_visible(table: dict[Any, Any], k: Any, items: list[TtlValue],
+                 read: TtlRead) -> list[Any]:
+    """The stored forms of the elements a TTL read of the list `items` (stored under `k`)
+    returns, in order (the list is refreshed and rid of expired elements as the read
+    says)."""
     policy = read.policy
     refresh = policy.update_on_read
     cleanup = policy.cleanup_on_read
@@ -155,11 +155,10 @@ def list_visible(table: dict[Any, Any], k: Any, read: TtlRead) -> list[Any]:
     return visible
 
 
-def map_visible(table: dict[Any, Any], k: Any, read: TtlRead) -> list[tuple[bytes, Any]]:
-    """The (user key bytes, stored form) of the entries a TTL read of a map returns."""
-    entries: dict[bytes, TtlValue] | None = table.get(k)  # compiled: typed local
-    if not entries:
-        return []
+def map_visible(table: dict[Any, Any], k: Any, entries: dict[bytes, TtlValue],
+                read: TtlRead) -> list[tuple[bytes, Any]]:
+    """The (user key bytes, stored form) of the entries a TTL read of the map `entries`
+    (stored under `k`) returns."""
     cleanup = read.policy.cleanup_on_read
     visible: list[tuple[bytes, Any]] = []
     expired: list[bytes] = []
@@ -177,6 +176,89 @@ def map_visible(table: dict[Any, Any], k: Any, read: TtlRead) -> list[tuple[byte
         if not entries:
             del table[k]
     return visible
+
+
+class TtlWalk:
+    """A TTL read of a list or map longer than one chunk: the table entry `k` of `table`
+    it reads, its entries as they were when it began (a list's `TtlValue`s, or a map's
+    (user key bytes, `TtlValue`) pairs) and the read. Each chunk (`walk_chunk`) refreshes
+    what it returns and removes the expired entries it goes over, and nothing else: an
+    iteration left early leaves the rest as it found it, as on RocksDB."""
+
+    __slots__ = ("entries", "k", "read", "shape", "table")
+
+    def __init__(self, shape: int, table: dict[Any, Any], k: Any, entries: list[Any],
+                 read: TtlRead) -> None:
+        self.shape = shape
+        self.table = table
+        self.k = k
+        self.entries = entries
+        self.read = read
+
+    def __repr__(self) -> str:
+        return f"<TtlWalk {len(self.entries)} entries {self.read!r}>"
+
+
+def walk_chunk(walk: TtlWalk, start: int, limit: int) -> tuple[list[Any], int]:
+    """The next chunk of `walk` from entry `start` on: up to `limit` items the read returns
+    (a list's stored forms, or a map's (user key bytes, stored form) pairs), and where the
+    next chunk starts (len(walk.entries): there is none). The chunk goes over the entries up
+    to its last item, and past it over the expired entries the read hides, up to the next
+    one it returns (which starts the next chunk)."""
+    read = walk.read
+    policy = read.policy
+    refresh = policy.update_on_read
+    access = read.access
+    is_map = walk.shape == MAP
+    entries = walk.entries
+    n = len(entries)
+    visible: list[Any] = []
+    gone: list[Any] = []
+    pos = start
+    while pos < n:
+        item = entries[pos]
+        entry: TtlValue = item[1] if is_map else item  # compiled: typed local
+        found = outcome(read, entry.ts)
+        if found != _HIDDEN and len(visible) == limit:
+            break
+        pos += 1
+        if found == _FRESH:
+            if refresh:
+                entry.ts = access
+        else:
+            gone.append(item)
+            if found == _HIDDEN:
+                continue
+        visible.append((item[0], entry.stored) if is_map else entry.stored)
+    if gone and policy.cleanup_on_read:
+        _remove(walk, gone)
+    return visible, pos
+
+
+def _remove(walk: TtlWalk, gone: list[Any]) -> None:
+    """Remove the expired entries `gone` of `walk` from its table entry, those still stored
+    (later writes may have replaced or removed them since the walk began)."""
+    table = walk.table
+    k = walk.k
+    if walk.shape == MAP:
+        entries: dict[bytes, TtlValue] | None = table.get(k)  # compiled: typed local
+        if entries is None:
+            return
+        for user_key, entry in gone:
+            if entries.get(user_key) is entry:
+                del entries[user_key]
+        if not entries:
+            del table[k]
+        return
+    items: list[TtlValue] | None = table.get(k)  # compiled: typed local
+    if items is None:
+        return
+    ids = {id(e) for e in gone}  # identity: the list may hold equal entries written since
+    kept = [e for e in items if id(e) not in ids]
+    if not kept:
+        del table[k]
+    elif len(kept) != len(items):
+        table[k] = kept
 
 
 # -- checkpoints ----------------------------------------------------------------------------

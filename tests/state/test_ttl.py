@@ -400,6 +400,72 @@ async def test_long_list_and_map_iterations_load_in_chunks_without_expired_items
     assert out == [(odd, odd)]
 
 
+async def test_a_partly_iterated_list_or_map_refreshes_only_the_chunks_it_loaded(backend):
+    # ON_READ_AND_WRITE, chunks of 2: an iteration left after its third item has loaded
+    # two chunks, and refreshed their four items only (a read stamps what it returns).
+    config = ttl(100, update=ON_READ)
+    fn = Steps(l=ast.ListStateDescriptor("l", ttl=config),
+               m=ast.MapStateDescriptor("m", ttl=config))
+
+    async def fill(s: Any, ctx: Any) -> Any:
+        await s.l.add_all(list(range(5)))
+        await s.m.put_all({i: i for i in range(5)})
+        return NOTHING
+
+    async def three(iterator: Any) -> list[Any]:
+        taken = []
+        async for item in iterator:
+            taken.append(item)
+            if len(taken) == 3:
+                break
+        return taken
+
+    async def peek(s: Any, ctx: Any) -> Any:
+        return (await three(await s.l.get()), await three(await s.m.keys()))
+
+    async def read(s: Any, ctx: Any) -> Any:
+        return (await (await s.l.get()).to_list(),
+                sorted(await (await s.m.keys()).to_list()))
+
+    out, counts = await run(fn, backend, [At(0, fill), At(50, peek), At(120, read)],
+                            counts=["l", "m"], config=ast.AsyncStateConfig(iterator_chunk_size=2))
+    assert out == [([0, 1, 2], [0, 1, 2]), ([0, 1, 2, 3], [0, 1, 2, 3])]
+    assert counts == {"l": 4, "m": 4}
+
+
+async def test_a_chunk_removes_the_expired_entries_it_read_not_those_written_since(backend):
+    # Chunks of 2, event time (records out of order put an expired element and entry in the
+    # middle): the record writes between two chunk loads of its iteration, and the second
+    # chunk removes the expired element and entry it passes, nothing written since.
+    fn = Steps(l=ast.ListStateDescriptor("l", ttl=ttl(100, event_time=True)),
+               m=ast.MapStateDescriptor("m", ttl=ttl(100, event_time=True)))
+
+    def write(elements: list[str], entries: dict[int, Any]) -> Any:
+        async def step(s: Any, ctx: Any) -> Any:
+            await s.l.add_all(elements)
+            await s.m.put_all(entries)
+            return NOTHING
+        return step
+
+    async def interleaved(s: Any, ctx: Any) -> Any:
+        elements, keys = await s.l.get(), await s.m.keys()  # a first chunk each
+        await s.l.add("e")
+        await s.m.put(3, "new")
+        read = await elements.to_list()
+        await keys.to_list()
+        return (read, await (await s.l.get()).to_list(), await s.m.get(3))
+
+    plan = [At(50, write(["a", "b", "x"], {0: 0, 1: 1, 2: 2})),
+            At(0, write(["c"], {3: "old"})),  # expires at 100
+            At(50, write(["d"], {4: 4})),
+            At(120, interleaved)]
+    async with make_operator(fn, backend, event_time=True,
+                             config=ast.AsyncStateConfig(iterator_chunk_size=2)) as op:
+        out = await play(op, plan, event_time=True)
+        assert out == [(["a", "b", "x", "d"], ["a", "b", "x", "d", "e"], "new")]
+        assert (stored_entries(backend, "l"), stored_entries(backend, "m")) == (5, 5)
+
+
 # -- reducing and aggregating ---------------------------------------------------------------
 
 @pytest.mark.parametrize("visibility", [NEVER, RETURN], ids=["never", "return"])
