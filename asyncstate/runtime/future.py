@@ -574,7 +574,14 @@ class StateFuture(Generic[T]):
     def __await__(self) -> Generator[Any, None, T]:
         if self._state == _PENDING:
             self._asyncio_future_blocking = True
-            yield self
+            try:
+                yield self
+            except BaseException as exc:
+                # A Task waiting on this future throws its failure in: raise it with the
+                # traceback it failed with (a compiled generator would drop it).
+                if exc is self._exception and self._state == _FAILED:
+                    return self.result()
+                raise
             if self._state == _PENDING:
                 raise InvalidStateError("StateFuture awaited again before it completed")
         if self._state == _DONE:

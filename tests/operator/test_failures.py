@@ -527,14 +527,25 @@ async def test_failure_is_sticky_and_the_same_object_everywhere(make_backend):
     assert exit_info.value is failure
 
 
+def _fails_in_callback(value: Any) -> Any:
+    raise KeyError("the user's line")
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["sync", "async", "callback in a task", "gather in a task"])
 @pytest.mark.backends("heap", "remote1")
 async def test_a_failure_keeps_the_traceback_down_to_the_users_line(
         make_backend: Any, kind: str) -> None:
     import traceback
 
+    async def helper() -> None:
+        await asyncio.sleep(0)
+        raise KeyError("the user's line")
+
     class Fails(ast.KeyedProcessFunction):
+        # The record runs in a Task of its own: a pending future it awaits fails there.
+        needs_task = kind.endswith("in a task")
+
         def open(self, ctx: Any) -> None:
             self.seen = ctx.get_state(ast.ValueStateDescriptor("seen"))
 
@@ -544,6 +555,10 @@ async def test_a_failure_keeps_the_traceback_down_to_the_users_line(
             return self._later(value)
 
         async def _later(self, value: Any) -> None:
+            if kind == "callback in a task":
+                await self.seen.value().then_apply(_fails_in_callback)
+            if kind == "gather in a task":
+                await asyncio.gather(helper())
             await self.seen.update(value)
             raise KeyError("the user's line")
 
@@ -552,7 +567,9 @@ async def test_a_failure_keeps_the_traceback_down_to_the_users_line(
         async with op:
             await op.process(1)
     frames = traceback.extract_tb(raised.value.__traceback__)
-    assert frames[-1].name == ("process_element" if kind == "sync" else "_later"), frames
+    assert frames[-1].name == {"sync": "process_element", "async": "_later",
+                               "callback in a task": "_fails_in_callback",
+                               "gather in a task": "helper"}[kind], frames
     assert frames[-1].filename == __file__
     assert frames[-1].line == 'raise KeyError("the user\'s line")'
 
