@@ -310,7 +310,8 @@ class AsyncExecutionController:
         the current record), with no future or request created. `run` is called with a
         reference held on `ctx`.
         """
-        if not ctx.in_flight and ctx.epoch is None and not self._parked and (
+        if not ctx.in_flight and ctx.epoch is None and not self._parked \
+                and self._failure is None and (
                 allow_overdraft or self._in_flight < self.max_in_flight):
             self._enter_flight(ctx)
             if self._occupy(ctx):
@@ -392,7 +393,13 @@ class AsyncExecutionController:
 
     def _insert_active(self, request: StateRequest) -> None:
         if request.request_type is _SYNC_POINT:
-            request.future._complete(None)
+            failure = self._failure
+            if failure is None:
+                request.future._complete(None)
+            else:
+                # Once the run failed no record or timer firing starts: its start fails.
+                request.future._observed = True
+                request.future._fail(failure)
             return
         if self._immediate is not None:
             try:

@@ -606,3 +606,52 @@ async def test_no_record_starts_after_the_run_failed(make_backend: Any, wait: st
                 await op.process((f"other{i}", i))
             await op.drain()
     assert 0 in started and not any(0 < i < 6 for i in started)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.backends("remote0", "rocksdb")
+async def test_a_record_whose_key_was_handed_over_before_the_failure_does_not_start(
+        make_backend: Any) -> None:
+    # ("k", 0) finishes and hands its key to ("k", 1) in the same delivery in which ("c", 2),
+    # whose read shared ("k", 0)'s batch, fails: ("k", 1) must not start.
+    started: list[Any] = []
+
+    class FailsOnC(ast.KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.v = ctx.get_state(ast.ValueStateDescriptor("v"))
+
+        async def process_element(self, rec: Any, ctx: Any) -> None:
+            started.append(rec)
+            await self.v.value()
+            if rec[0] == "c":
+                raise Boom("c fails")
+
+    with pytest.raises(Boom, match="c fails"):
+        async with keyed_operator(FailsOnC(), make_backend()) as op:
+            for rec in [("k", 0), ("k", 1), ("c", 2)]:
+                await op.process(rec)
+            await op.drain()
+    assert started == [("k", 0), ("c", 2)]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.backends("heap", "remote0", "rocksdb")
+async def test_no_timer_fires_after_the_run_failed(make_backend: Any) -> None:
+    fired: list[Any] = []
+
+    class TimerFails(ast.KeyedProcessFunction):
+        def process_element(self, rec: Any, ctx: Any) -> None:
+            ctx.timer_service.register_event_time_timer(10)
+
+        def on_timer(self, ts: int, ctx: Any) -> None:
+            fired.append(ctx.current_key)
+            if ctx.current_key == "a":
+                raise Boom("timer a fails")
+
+    with pytest.raises(Boom, match="timer a fails"):
+        async with keyed_operator(TimerFails(), make_backend(),
+                                  key_selector=lambda r: r) as op:
+            for key in ["a", "b", "c"]:
+                await op.process(key)
+            await op.advance_watermark(100)
+    assert fired == ["a"]
