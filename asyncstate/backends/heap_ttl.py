@@ -185,7 +185,7 @@ class TtlWalk:
     what it returns and removes the expired entries it goes over, and nothing else: an
     iteration left early leaves the rest as it found it, as on RocksDB."""
 
-    __slots__ = ("entries", "k", "read", "shape", "table")
+    __slots__ = ("entries", "k", "live", "read", "removed", "shape", "table")
 
     def __init__(self, shape: int, table: dict[Any, Any], k: Any, entries: list[Any],
                  read: TtlRead) -> None:
@@ -194,6 +194,11 @@ class TtlWalk:
         self.k = k
         self.entries = entries
         self.read = read
+        # A list's stored list when the walk began, and how many entries the walk removed
+        # from it: while the table holds that list, entry i of the walk sits at i - removed
+        # (an append made since leaves the positions before it as they were).
+        self.live: list[Any] | None = table.get(k) if shape == LIST else None
+        self.removed = 0
 
     def __repr__(self) -> str:
         return f"<TtlWalk {len(self.entries)} entries {self.read!r}>"
@@ -231,11 +236,11 @@ def walk_chunk(walk: TtlWalk, start: int, limit: int) -> tuple[list[Any], int]:
                 continue
         visible.append((item[0], entry.stored) if is_map else entry.stored)
     if gone and policy.cleanup_on_read:
-        _remove(walk, gone)
+        _remove(walk, gone, start, pos)
     return visible, pos
 
 
-def _remove(walk: TtlWalk, gone: list[Any]) -> None:
+def _remove(walk: TtlWalk, gone: list[Any], start: int, end: int) -> None:
     """Remove the expired entries `gone` of `walk` from its table entry, those still stored
     (later writes may have replaced or removed them since the walk began)."""
     table = walk.table
@@ -254,7 +259,21 @@ def _remove(walk: TtlWalk, gone: list[Any]) -> None:
     if items is None:
         return
     ids = {id(e) for e in gone}  # identity: the list may hold equal entries written since
+    lo = start - walk.removed
+    hi = end - walk.removed
+    live = walk.live
+    walked = walk.entries
+    if live is not None and live is items and hi <= len(live) \
+            and all(live[lo + i] is walked[start + i] for i in range(end - start)):
+        # The chunk's entries are where the walk left them: cut them out of that stretch
+        # alone (a whole pass per chunk would make a long walk quadratic).
+        live[lo:hi] = [e for e in live[lo:hi] if id(e) not in ids]
+        walk.removed += len(gone)
+        if not live:
+            del table[k]
+        return
     kept = [e for e in items if id(e) not in ids]
+    walk.live = None  # the positions no longer hold
     if not kept:
         del table[k]
     elif len(kept) != len(items):
