@@ -54,11 +54,36 @@ def _checkpoint_ids(checkpoint_dir: str) -> list[int]:
 
 
 def previous_checkpoint(checkpoint_dir: str | os.PathLike[str], batch_id: int) -> str | None:
-    """Path of the checkpoint micro-batch `batch_id` restores from: the one with the largest
-    id below `batch_id`, or None when there is none (the first batch starts empty)."""
-    directory = os.path.abspath(os.fspath(checkpoint_dir))
-    earlier = [i for i in _checkpoint_ids(directory) if i < batch_id]
-    return checkpoint_path(directory, earlier[-1]) if earlier else None
+    """Path of the checkpoint micro-batch `batch_id` restores from: that of micro-batch
+    `batch_id - 1` (None for batch 0, which starts empty).
+
+    Spark runs batch N only once batch N-1 has committed, and a writer commits checkpoint N-1
+    before that: a missing one, or a checkpoint of a later batch, means the state and the
+    query's own checkpoint no longer belong together, and restoring anything else would lose
+    or repeat records. Both raise CheckpointError."""
+    check_int("batch_id", batch_id, 0)
+    directory = absolute_path("checkpoint_dir", checkpoint_dir)
+    if directory is None:
+        raise ConfigError("checkpoint_dir", None, "a directory every executor and the driver see")
+    ids = _checkpoint_ids(directory)
+    later = [i for i in ids if i > batch_id]
+    if later:
+        raise CheckpointError(
+            f"micro-batch {batch_id} runs, but {directory!r} holds the checkpoint of "
+            f"micro-batch {later[-1]}: the query's checkpointLocation is older than its "
+            "state. Restart the query from the checkpointLocation that goes with this "
+            "state, or give a query started afresh a new checkpoint_dir", path=directory)
+    if batch_id == 0:
+        return None
+    if batch_id - 1 not in ids:
+        found = f"its latest is that of micro-batch {ids[-1]}" if ids else \
+            "it holds no checkpoint"
+        raise CheckpointError(
+            f"micro-batch {batch_id} restores from the checkpoint of micro-batch "
+            f"{batch_id - 1}, which {directory!r} does not hold ({found}): was the "
+            "directory deleted, emptied or changed? Restore it, or start the query "
+            "afresh (a new checkpointLocation and a new checkpoint_dir)", path=directory)
+    return checkpoint_path(directory, batch_id - 1)
 
 
 def _consume(out: Any) -> None:
@@ -121,7 +146,7 @@ class KeyedBatchWriter:
         self._report: RunReport | None = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        restore = self._restore_from(batch_id)
+        restore = previous_checkpoint(self.checkpoint_dir, batch_id)
         report = self._report
         if report is None:
             report = self._report = RunReport(batch.sparkSession.sparkContext)
@@ -155,34 +180,6 @@ class KeyedBatchWriter:
         log.info("spark.batch.done", batch_id=batch_id, restored_from=restore,
                  partitions=len(report.partitions), watermark=watermark,
                  max_timestamp=event_time)
-
-    def _restore_from(self, batch_id: int) -> str | None:
-        """The checkpoint of micro-batch `batch_id - 1` (None for batch 0). Spark runs batch N
-        only once batch N-1 has committed, and this writer commits checkpoint N-1 before
-        that: a missing one, or a checkpoint of a later batch, means the state and the
-        query's own checkpoint no longer belong together, and restoring anything else would
-        lose or repeat records."""
-        check_int("batch_id", batch_id, 0)
-        directory = self.checkpoint_dir
-        ids = _checkpoint_ids(directory)
-        later = [i for i in ids if i > batch_id]
-        if later:
-            raise CheckpointError(
-                f"micro-batch {batch_id} runs, but {directory!r} holds the checkpoint of "
-                f"micro-batch {later[-1]}: the query's checkpointLocation is older than its "
-                "state. Restart the query from the checkpointLocation that goes with this "
-                "state, or give a query started afresh a new checkpoint_dir", path=directory)
-        if batch_id == 0:
-            return None
-        if batch_id - 1 not in ids:
-            found = f"its latest is that of micro-batch {ids[-1]}" if ids else \
-                "it holds no checkpoint"
-            raise CheckpointError(
-                f"micro-batch {batch_id} restores from the checkpoint of micro-batch "
-                f"{batch_id - 1}, which {directory!r} does not hold ({found}): was the "
-                "directory deleted, emptied or changed? Restore it, or start the query "
-                "afresh (a new checkpointLocation and a new checkpoint_dir)", path=directory)
-        return checkpoint_path(directory, batch_id - 1)
 
     def _expire(self, batch_id: int) -> None:
         """Delete checkpoints older than the `retain` latest up to `batch_id` (never a later

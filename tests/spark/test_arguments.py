@@ -144,3 +144,17 @@ def test_foreach_batch_refuses_a_batch_its_state_does_not_match(
     with pytest.raises(ast.CheckpointError, match=pattern):
         writer(batch, batch_id)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"chk-{i}" for i in present]
+
+
+def test_previous_checkpoint_is_that_of_the_batch_before(tmp_path: Path) -> None:
+    assert aspark.previous_checkpoint(tmp_path, 0) is None
+    for i in range(3):
+        (tmp_path / f"chk-{i}").mkdir()
+    assert aspark.previous_checkpoint(tmp_path, 3) == str(tmp_path / "chk-2")
+    assert aspark.previous_checkpoint(tmp_path, 2) == str(tmp_path / "chk-1")  # a replay
+    with pytest.raises(ast.CheckpointError, match=r"holds the checkpoint of micro-batch 2"):
+        aspark.previous_checkpoint(tmp_path, 1)
+    with pytest.raises(ast.CheckpointError, match=r"its latest is that of micro-batch 2"):
+        aspark.previous_checkpoint(tmp_path, 5)
+    with pytest.raises(ast.ConfigError, match=r"^batch_id must be"):
+        aspark.previous_checkpoint(tmp_path, -1)
