@@ -234,8 +234,9 @@ def test_an_application_structlog_configuration_does_not_filter_events(
 
 
 @pytest.mark.usefixtures("_restore_log_level")
-@pytest.mark.parametrize("bad", ["bogus", "", " debug", "warn", 10, None, logging.DEBUG])
+@pytest.mark.parametrize("bad", ["bogus", "", " debug", "warnings", 10, None, logging.DEBUG])
 def test_set_level_refuses_unknown_levels_with_config_error(bad: Any) -> None:
+    # ("warn" is "warning", as in logging: tested with the environment variable.)
     before = aslog._threshold
     with pytest.raises(ast.ConfigError) as info:
         aslog.set_level(bad)
@@ -299,7 +300,8 @@ def test_invalid_log_level_env_var_fails_import_with_config_error() -> None:
         print("REFUSED", type(exc).__name__, exc)
     """
     proc = run_python(code, pure=False)
-    assert "REFUSED ConfigError log level must be one of" in proc.stdout, proc.stderr[-2000:]
+    assert "REFUSED ConfigError environment variable ASYNCSTATE_LOG_LEVEL must be one of" \
+        in proc.stdout, proc.stderr[-2000:]
 
 
 @pytest.mark.timeout(60)

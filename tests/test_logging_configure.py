@@ -207,6 +207,11 @@ def test_configure_changes_nothing_when_an_argument_is_bad():
 
 def test_configure_enables_loggers_that_dict_config_disabled():
     logging.getLogger("asyncstate.operator")  # exists, as after any run
+    # dictConfig changes every logger of the process: put them back for the other tests.
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers),
+             {name: logger.disabled for name, logger in logging.Logger.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger)})
     logging.config.dictConfig({"version": 1, "root": {"level": "WARNING"}})
     try:
         assert logging.getLogger("asyncstate.operator").disabled
@@ -215,9 +220,14 @@ def test_configure_enables_loggers_that_dict_config_disabled():
         ast.run(Counter(), [1], key_selector=lambda r: r)
         assert "operator.closed" in stream.getvalue()
     finally:
-        for name in logging.Logger.manager.loggerDict:
-            if name.startswith("asyncstate"):
-                logging.getLogger(name).disabled = False
+        level, handlers, disabled = saved
+        root.setLevel(level)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        for name, was in disabled.items():
+            logging.getLogger(name).disabled = was
 
 
 @pytest.mark.timeout(60)

@@ -9,6 +9,7 @@ of records waiting or in flight, and the time producers waited.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 
@@ -27,8 +28,8 @@ class AdmissionGate:
     longer take records (it failed or closed meanwhile).
     """
 
-    __slots__ = ("_blocked_since", "_blocked_total", "_controller", "_holds", "_inbox",
-                 "_limit", "_ready", "_released", "_waiting", "occupancy", "peak",
+    __slots__ = ("_blocked_lock", "_blocked_since", "_blocked_total", "_controller", "_holds",
+                 "_inbox", "_limit", "_ready", "_released", "_waiting", "occupancy", "peak",
                  "records_in")
 
     def __init__(self, controller: AsyncExecutionController, inbox: Inbox, limit: int,
@@ -42,10 +43,13 @@ class AdmissionGate:
         self.records_in = 0
         self.peak = 0
         # Time during which at least one producer waited: `_waiting` producers wait now,
-        # the first of them since `_blocked_since`.
+        # the first of them since `_blocked_since`. The lock keeps a reading from another
+        # thread (a metrics scrape) consistent with a wait ending meanwhile, so that the
+        # figure never goes back.
         self._blocked_total = 0.0
         self._waiting = 0
         self._blocked_since = 0.0
+        self._blocked_lock = threading.Lock()
         # When measured (KeyedOperator.measure_occupancy): stepped up per admitted record.
         self.occupancy: Occupancy | None = None
 
@@ -57,9 +61,10 @@ class AdmissionGate:
     def blocked_seconds(self) -> float:
         """Wall time during which at least one producer waited for room (or for a snapshot),
         the wait under way included: producers waiting together count once."""
-        if self._waiting:
-            return self._blocked_total + (time.perf_counter() - self._blocked_since)
-        return self._blocked_total
+        with self._blocked_lock:
+            if self._waiting:
+                return self._blocked_total + (time.perf_counter() - self._blocked_since)
+            return self._blocked_total
 
     @property
     def in_flight(self) -> int:
@@ -81,9 +86,10 @@ class AdmissionGate:
         # A loop: producers woken together re-check, so only as many as fit are admitted,
         # and none while a snapshot is under way (one may start while this one waits).
         while not overdraft and not self.try_admit(ctx):
-            if not self._waiting:
-                self._blocked_since = time.perf_counter()
-            self._waiting += 1
+            with self._blocked_lock:
+                if not self._waiting:
+                    self._blocked_since = time.perf_counter()
+                self._waiting += 1
             try:
                 if self._holds:
                     await self._wait_released()
@@ -91,9 +97,10 @@ class AdmissionGate:
                 else:
                     await self._controller.wait_until(self._has_room)
             finally:
-                self._waiting -= 1
-                if not self._waiting:
-                    self._blocked_total += time.perf_counter() - self._blocked_since
+                with self._blocked_lock:
+                    self._waiting -= 1
+                    if not self._waiting:
+                        self._blocked_total += time.perf_counter() - self._blocked_since
         if overdraft:
             self._admit(ctx)
 

@@ -90,6 +90,6 @@ def operator_metrics(controller: AsyncExecutionController | None,
 def measure_occupancy(gate: AdmissionGate, controller: AsyncExecutionController) -> Occupancy:
     """Start integrating the records `gate` admitted and `controller` has not finished over
     time: `gate` steps the result up per admitted record, `controller` down per finished one."""
-    occupancy = Occupancy(gate.in_flight)
+    occupancy = Occupancy(gate.records_in - controller.records_done)  # records, not firings
     gate.occupancy = controller.occupancy = occupancy
     return occupancy

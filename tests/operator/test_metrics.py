@@ -294,3 +294,35 @@ async def test_blocked_seconds_counts_producers_waiting_together_once():
     assert m["blocked_seconds"] >= 7 * 0.04 * 0.9
     # Summed per producer, the waits would come to about 28 records' worth (1 + 2 + ... + 7).
     assert m["blocked_seconds"] <= elapsed
+
+
+@pytest.mark.timeout(30)
+async def test_occupancy_measured_while_a_timer_fires_counts_records_only():
+    from asyncstate.testing import ManualExecutor
+
+    executor = ManualExecutor()
+    async with ast.KeyedOperator(_TimerPerRecord(), key_selector=first,
+                                 backend=executor) as op:
+        await op.process((1, 10))
+        for _ in range(100):  # deliver the record's write (bounded)
+            if op.metrics["records_done"] == 1:
+                break
+            op.controller.trigger_if_needed(True)
+            executor.complete_all()
+            await asyncio.sleep(0)
+        advance = asyncio.ensure_future(op.advance_watermark(100))
+        for _ in range(100):  # until the firing waits for its read
+            if op.metrics["batches_in_executor"] or op.controller.active_queue_size:
+                break
+            await asyncio.sleep(0)
+        assert op.metrics["num_in_flight_records"] == 1  # the firing, not a record
+        occupancy = op.measure_occupancy()
+        assert occupancy.count == 0
+        for _ in range(100):
+            if advance.done():
+                break
+            op.controller.trigger_if_needed(True)
+            executor.complete_all()
+            await asyncio.sleep(0)
+        await advance
+        assert occupancy.count == 0 and op.outputs() == [(1, 10)]
