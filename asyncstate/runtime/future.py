@@ -432,9 +432,12 @@ class StateFuture(Generic[T]):
                 call: Callable[[T], object] = fn
                 inner = call(self._result)
             except Exception as exc:  # noqa: BLE001
-                return failed_future(exc)
-            finally:
                 nesting.depth -= 1
+                return failed_future(exc)
+            except BaseException:
+                nesting.depth -= 1
+                raise
+            nesting.depth -= 1
             if type(inner) is not StateFuture:
                 return failed_future(_not_a_future(fn, inner))
             return inner
