@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from runtime_harness import stack_depth
-from shared_functions import run_python
+from shared_functions import BaseBoom, run_python
 
 import asyncstate as ast
 from asyncstate import _compiled
@@ -561,3 +561,16 @@ async def test_a_loop_written_as_recursive_then_compose_completes_on_every_backe
         out = op.outputs()
     assert [o for o in out if o[0] == "a"] == [("a", 3000), ("a", 3002)]
     assert [o for o in out if o[0] == "b"] == [("b", 5)]
+
+
+async def test_then_compose_on_a_completed_future_stays_inline_after_base_exceptions() -> None:
+    # A BaseException leaving fn must not leave the nesting count raised: after 50 of them
+    # a then_compose on a completed future still runs fn before it returns.
+    def boom(_: Any) -> Any:
+        raise BaseBoom("out of fn")
+
+    for _ in range(50):
+        with pytest.raises(BaseBoom):
+            ast.completed_future(1).then_compose(boom)
+    out = ast.completed_future(1).then_compose(lambda v: ast.completed_future(v + 1))
+    assert out.done() and out.result() == 2
