@@ -30,6 +30,7 @@ from asyncstate.config import check_int
 from asyncstate.keygroups import KeyGroupRange
 
 __all__ = [
+    "CHECKSUM_NAME",
     "DATA_MAGIC",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -43,6 +44,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 FORMAT_NAME = "asyncstate-checkpoint"
+CHECKSUM_NAME = "crc32"  # of every key group's bytes and of the extra blob
 MANIFEST_NAME = "_MANIFEST.json"
 DATA_MAGIC = b"ASCKPT\x00\x01"
 _MAX_MANIFEST_BYTES = 64 << 20
@@ -108,6 +110,8 @@ class PartManifest:
     attempt: str
     state_ttl: dict[str, str] = dataclasses.field(default_factory=dict)
     written_at: float | None = None  # the writer's clock (s) just before its commit
+    # The name of the checkpoint directory it was written into (None: not recorded)
+    checkpoint: str | None = None
 
     @property
     def name(self) -> str:

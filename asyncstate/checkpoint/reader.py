@@ -24,6 +24,7 @@ import msgpack
 from asyncstate.checkpoint.layout import (
     _DATA_RE,
     _PART_RE,
+    CHECKSUM_NAME,
     DATA_MAGIC,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -192,6 +193,12 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
     attempt = obj.get("attempt")
     if type(attempt) is not str:
         m.fail(f"has an invalid 'attempt': {attempt!r}")
+    checksum = obj.get("checksum", CHECKSUM_NAME)
+    if checksum != CHECKSUM_NAME:
+        m.fail(f"uses checksum {checksum!r}; this asyncstate reads {CHECKSUM_NAME!r} only")
+    written_into = obj.get("checkpoint")
+    if written_into is not None and (type(written_into) is not str or not written_into):
+        m.fail(f"has an invalid 'checkpoint': {written_into!r}")
     written_at: float | None = None  # orders the parts of two runs (else their mtimes do)
     stamp = obj.get("written_at")
     if isinstance(stamp, (int, float)) and type(stamp) is not bool and math.isfinite(stamp):
@@ -201,7 +208,8 @@ def _read_manifest(root: str, part_dir: str, parallelism: int, operator_index: i
         parallelism=parallelism, operator_index=operator_index, key_group_range=kg_range,
         states=dict(states), data_file=str(data_file), data_size=data_size,
         key_groups=key_groups, extra_entry=extra_entry, extra={},
-        attempt=attempt, state_ttl=dict(state_ttl), written_at=written_at)
+        attempt=attempt, state_ttl=dict(state_ttl), written_at=written_at,
+        checkpoint=written_into)
     return dataclasses.replace(part, extra=_read_extra(part))
 
 
@@ -453,6 +461,14 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             f"checkpoint {root!r} has no committed part (no part-*/{MANIFEST_NAME}){hint}",
             path=root)
     parts, superseded = _choose_parts(root, parts, committed_at, uncommitted)
+    origins = {p.checkpoint for p in parts if p.checkpoint is not None}
+    if len(origins) > 1:
+        written = ", ".join(f"{p.name} into {p.checkpoint!r}" for p in parts
+                            if p.checkpoint is not None)
+        raise CheckpointError(
+            f"checkpoint {root!r} holds parts written into different checkpoints ({written}): "
+            "a part was copied in from another checkpoint; restoring would mix their states",
+            path=root)
     max_p = parts[0].max_parallelism
     states: dict[str, str] = {}
     for p in parts:

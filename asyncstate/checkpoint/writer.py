@@ -32,6 +32,7 @@ import msgpack
 from asyncstate.checkpoint.layout import (
     _DATA_RE,
     _PART_RE,
+    CHECKSUM_NAME,
     DATA_MAGIC,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -215,6 +216,9 @@ def write_part(
                              f"want a state of `states` and one of {sorted(TTL_DOMAINS)}")
     part_dir = os.path.join(os.fspath(checkpoint_dir), part_name(parallelism, operator_index))
     pname = part_name(parallelism, operator_index)
+    # Recorded in the manifest: the parts of one checkpoint name the same directory, so a
+    # part copied in from another checkpoint is refused.
+    checkpoint_name = os.path.basename(os.path.abspath(os.fspath(checkpoint_dir)))
     if isinstance(stale_after_s, bool) or not isinstance(stale_after_s, (int, float)) \
             or not 0 <= stale_after_s < math.inf:
         raise ConfigError("stale_after_s", stale_after_s, "a finite number of seconds >= 0")
@@ -290,7 +294,8 @@ def write_part(
             **({"state_ttl": dict(sorted(ttl.items()))} if ttl else {}),
             "attempt": attempt,
             "written_at": time.time(),
-            "checksum": "crc32",
+            "checkpoint": checkpoint_name,
+            "checksum": CHECKSUM_NAME,
             "data_file": data_file,
             "data_size": data_size,
             "extra": extra_entry._asdict(),

@@ -376,3 +376,41 @@ def test_restore_of_crafted_ext_types_never_unpickles(tmp_path, monkeypatch):
     (got,) = list(cp.read_key_group_lists(KeyGroupRange(0, MAX_P - 1)))
     assert got == (3, [ext, [ext, {"p": ext}]])
     assert type(got[1][0]) is msgpack.ExtType
+
+
+def test_a_part_copied_in_from_another_checkpoint_is_refused(tmp_path):
+    for i in (1, 2):
+        for index in range(2):
+            write_part(checkpoint_path(tmp_path, i), parallelism=2, operator_index=index,
+                       max_parallelism=MAX_P, states={}, key_groups=[])
+    chk2 = checkpoint_path(tmp_path, 2)
+    assert open_checkpoint(chk2)  # whole, and a renamed copy of it too
+    shutil.copytree(chk2, tmp_path / "backup")
+    assert open_checkpoint(tmp_path / "backup")
+    shutil.rmtree(os.path.join(chk2, "part-2-0"))
+    shutil.copytree(os.path.join(checkpoint_path(tmp_path, 1), "part-2-0"),
+                    os.path.join(chk2, "part-2-0"))
+    with pytest.raises(CheckpointError, match=r"holds parts written into different "
+                                              r"checkpoints \(part-2-0 into 'chk-1', "
+                                              r"part-2-1 into 'chk-2'\)"):
+        open_checkpoint(chk2)
+
+
+def test_a_manifest_without_the_checkpoint_field_is_read(tmp_path):
+    # Parts written before manifests named their checkpoint directory.
+    chk = checkpoint_path(tmp_path, 1)
+    write_simple(chk)
+    edit_manifest(chk, "part-1-0", lambda m: m.pop("checkpoint"))
+    assert open_checkpoint(chk).parts[0].checkpoint is None
+
+
+@pytest.mark.parametrize(("field", "value", "pattern"), [
+    ("checksum", "sha256", r"uses checksum 'sha256'; this asyncstate reads 'crc32' only"),
+    ("checkpoint", 5, r"has an invalid 'checkpoint': 5"),
+])
+def test_manifest_checksum_and_checkpoint_fields_are_checked(tmp_path, field, value, pattern):
+    chk = checkpoint_path(tmp_path, 1)
+    write_simple(chk)
+    edit_manifest(chk, "part-1-0", **{field: value})
+    with pytest.raises(CheckpointError, match=pattern):
+        open_checkpoint(chk)
