@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -141,6 +142,19 @@ def test_cache_write_back_reaches_the_cache_arms_backend_and_the_results(tmp_pat
                  keys.hottest_share("zipf", 500, 0.99), seconds=0.3)
     assert result.answer_ok is True and result.littles_law_ok
     assert result.row()["cache_write_back"] is True
+
+
+def test_a_latency_p99_leaves_a_zero_latency_at_zero(tmp_path):
+    # The default grids hold 0 ms beside other latencies: --latency-p99-ms shapes the others.
+    from asyncstate.cli import build_parser
+    from asyncstate.commands.experiment import _grid
+    args = build_parser().parse_args(["experiment", "backpressure", "--latency-ms", "1.5,0",
+                                      "--latency-p99-ms", "3"])
+    base = _grid(args).base()
+    for latency, p99 in [(0.0, None), (1.5, 3.0)]:
+        point = dataclasses.replace(base, latency_ms=latency)
+        backend = ARMS["asyncstate"].backend(point, tmp_path, 1)
+        assert (backend.latency_ms, backend.latency_p99_ms) == (latency, p99)
 
 
 # -- the command's arguments and its results directory --------------------------------------

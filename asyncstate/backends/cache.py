@@ -637,6 +637,7 @@ class StateCache:
                 self.hits += 1
                 return self._chunk_of(continuation.request_type, continuation.items,
                                       continuation.offset, copy=False)
+            self.misses += 1  # a further chunk the store loads: a read sent to it
             return MISS
         name = state.name
         if name in self._bypass:
@@ -780,13 +781,14 @@ class StateCache:
             entry = self._map_entry(key, True)
             if key not in self._entries:
                 return
+            # Absent: a get's None, or a contains' False (a get's False is a stored value).
+            absent = result is None or t is _MAP_CONTAINS
             before = len(entry.items)
             if entry.complete:
-                if result is not None and result is not False:
+                if not absent:
                     entry.items[request.payload] = _to_stored(result)
             else:
-                entry.items[request.payload] = _ABSENT if result is None or result is False \
-                    else _to_stored(result)
+                entry.items[request.payload] = _ABSENT if absent else _to_stored(result)
             self._grew(key, len(entry.items) - before)
         elif t is _MAP_ITER:
             if type(result) is IteratorChunk and result.continuation is None:

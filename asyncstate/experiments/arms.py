@@ -98,8 +98,10 @@ class Arm:
         """A fresh backend for one run (`directory` holds a RocksDB store)."""
         inner: Any = ast.HeapBackend() if self.store == "heap" \
             else ast.RocksDBBackend(directory / "db")
+        # A latency of 0 has no distribution: the p99 applies to the other latencies.
+        p99 = point.latency_p99_ms if point.latency_ms > 0 else None
         return ast.SimulatedRemoteBackend(
-            inner, latency_ms=point.latency_ms, latency_p99_ms=point.latency_p99_ms,
+            inner, latency_ms=point.latency_ms, latency_p99_ms=p99,
             io_parallelism=point.io_parallelism,
             cache_entries=point.cache_size if self.cache else 0,
             cache_write_back=point.cache_write_back and self.cache, seed=seed)

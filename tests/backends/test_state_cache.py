@@ -569,3 +569,73 @@ def test_write_back_without_a_cache_is_refused(make):
                        r"cache_entries > 0 too\), got True$") as info:
         make()
     assert info.value.option == "cache_write_back"
+
+
+class _MapFlags(ast.KeyedProcessFunction):
+    """("put", v) stores v under "flag"; a read emits get("flag") and contains("flag")."""
+
+    def open(self, ctx: Any) -> None:
+        self.m = ctx.get_map_state(ast.MapStateDescriptor("m"))
+
+    async def process_element(self, x: Any, ctx: Any) -> None:
+        if x[1] == "put":
+            await self.m.put("flag", x[2])
+        else:
+            ctx.emit((await self.m.get("flag"), await self.m.contains("flag")))
+
+
+@pytest.mark.parametrize("value", [False, 0, "", True])
+def test_a_falsy_map_value_read_after_a_miss_is_a_value(value: Any) -> None:
+    # A full cache of 4: key 1's put is written through, its reads miss and are admitted.
+    recs = [(2, "put", 1), (3, "put", 1), (1, "put", value)] + [(1, "read")] * 4
+    expected = ast.run(_MapFlags(), recs, key_selector=lambda r: r[0])
+    assert expected == [(value, True)] * 4
+    cached = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0, cache_entries=4)
+    assert ast.run(_MapFlags(), recs, key_selector=lambda r: r[0], backend=cached) == expected
+
+
+def test_a_falsy_map_value_read_from_rocksdb_through_the_cache_is_a_value(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    ast.run(_MapFlags(), [(1, "put", False)], key_selector=lambda r: r[0],
+            backend=ast.RocksDBBackend(path))
+    reads = [(1, "read")] * 3
+    assert ast.run(_MapFlags(), reads, key_selector=lambda r: r[0],
+                   backend=ast.RocksDBBackend(path, cache_entries=100)) == [(False, True)] * 3
+
+
+def test_every_chunk_the_store_loads_counts_as_a_miss() -> None:
+    class Lists(ast.KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.items = ctx.get_list_state(ast.ListStateDescriptor("l"))
+
+        async def process_element(self, x: Any, ctx: Any) -> None:
+            if x[1] == "fill":
+                await self.items.add_all(list(range(10)))
+            else:
+                ctx.emit(len(await (await self.items.get()).to_list()))
+
+    config = ast.AsyncStateConfig(iterator_chunk_size=3)  # 10 elements: 4 chunks a read
+    recs = [(1, "fill")] + [(1, "read")] * 6
+
+    def metrics_of(capacity: int) -> dict[str, Any]:
+        import asyncio
+
+        backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0,
+                                             cache_entries=capacity)
+        out: dict[str, Any] = {}
+
+        async def go() -> None:
+            async with ast.KeyedOperator(Lists(), key_selector=lambda r: r[0],
+                                         backend=backend, config=config) as op:
+                for r in recs:
+                    await op.process(r)
+                await op.drain()
+                out.update(op.metrics, outputs=op.outputs())
+
+        asyncio.run(go())
+        return out
+
+    m = metrics_of(1)  # the list never fits: the store answers every chunk
+    assert m["outputs"] == [10] * 6
+    # 6 reads of 4 chunks, each sent to the store: 24 misses (the first chunks alone: 6).
+    assert (m["cache_hits"], m["cache_misses"]) == (0, 24)
