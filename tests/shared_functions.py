@@ -34,7 +34,7 @@ SOAK_FACTOR = 20
 
 def slow_examples(n: int) -> int:
     """max_examples for a test whose examples are slow (a RocksDB or a checkpoint each): `n`,
-    or SOAK_FACTOR times that under the soak hypothesis profile (docs/testing.md)."""
+    or SOAK_FACTOR times that under the soak hypothesis profile (docs/contributing.md)."""
     return n * SOAK_FACTOR if os.environ.get("ASYNCSTATE_HYPOTHESIS_PROFILE") == "soak" else n
 
 
