@@ -73,6 +73,9 @@ class KeyedOperator:
         self._key_selector = key_selector
         self._timestamp_selector = timestamp_selector
         self._state = "new"  # new -> opening -> open -> closed
+        # A clean exit of `async with` has begun: records from outside are refused, since
+        # the exit's drain might not wait for them.
+        self._exiting = False
         self._function_opened = False
         self._gc_threshold: int | None = None  # the GC threshold held while open
         # Emitted values; several operators may share one list (ast.run at parallelism > 1).
@@ -174,8 +177,13 @@ class KeyedOperator:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         primary: BaseException | None = exc
         if exc is None:
+            self._exiting = True
             try:
-                await self.drain()
+                # Again while a producer that was waiting for room got in meanwhile.
+                while True:
+                    await self.drain()
+                    if self._gate is None or self._gate.in_flight == 0:
+                        break
             except BaseException as drain_exc:  # noqa: BLE001 - the run failure or a cancel
                 primary = drain_exc
         if primary is None and self._controller is not None:
@@ -251,6 +259,10 @@ class KeyedOperator:
         waiting there could wait for the calling record itself.
         """
         self._ready()
+        if self._exiting and self._own_record() is None:
+            raise InvalidStateError(
+                f"{self!r} is closing: its `async with` block has ended, and a record given "
+                "now would not be processed; feed records inside the block")
         gate = self._gate
         assert self._records is not None and gate is not None
         ctx = self._records.prepare(record)

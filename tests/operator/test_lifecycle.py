@@ -408,3 +408,43 @@ def test_a_keyboard_interrupt_of_user_code_still_closes_everything(
     again = _StopsAt(RuntimeError)
     ast.run(again, [1, 2], key_selector=lambda r: r, backend=ast.RocksDBBackend(tmp_path / "db"))
     assert again.closed
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("latency_ms", [0, 5])
+async def test_a_record_offered_while_the_block_exits_is_processed_or_refused(
+        latency_ms: float) -> None:
+    # Another task paces itself on drain() and feeds one more record as the `async with`
+    # block exits cleanly: that record is processed, or process() raises; never admitted
+    # and dropped.
+    class Emits(ast.KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.c = ctx.get_state(ast.ValueStateDescriptor("c"))
+
+        async def process_element(self, v: Any, ctx: Any) -> None:
+            await self.c.update(v)
+            ctx.emit(v)
+
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=latency_ms)
+    op = ast.KeyedOperator(Emits(), key_selector=lambda r: r, backend=backend)
+    admitted: list[int] = []
+
+    async def late_producer() -> None:
+        await op.drain()
+        await op.process(99)
+        admitted.append(99)
+
+    async with op:
+        await op.process(1)
+        late = asyncio.create_task(late_producer())
+        await asyncio.sleep(0)  # it waits in drain() now
+    refused = await asyncio.gather(late, return_exceptions=True)
+    outputs = op.outputs()
+    m = op.metrics
+    assert m["records_in"] == m["records_done"]
+    if admitted:
+        assert outputs == [1, 99]
+    else:
+        assert outputs == [1]
+        assert isinstance(refused[0], ast.InvalidStateError)
+        assert "is closing" in str(refused[0])
