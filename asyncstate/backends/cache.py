@@ -631,6 +631,9 @@ class StateCache:
         holds its effect), None for a write held back (write-back, value kinds). Every
         request of a state the cache bypasses is a `MISS`."""
         t = request_type
+        name = state.name
+        if name in self._bypass:
+            return MISS  # sent on as it is; its answer fills nothing (no read registered)
         if t is _LOADING:
             continuation = payload[1]
             if type(continuation) is _Cursor:
@@ -639,9 +642,6 @@ class StateCache:
                                       continuation.offset, copy=False)
             self.misses += 1  # a further chunk the store loads: a read sent to it
             return MISS
-        name = state.name
-        if name in self._bypass:
-            return MISS  # sent on as it is; its answer fills nothing (no read registered)
         key = self._entry_key(name, key_bytes, namespace)
         if t is _VALUE_GET or t is _REDUCING_GET or t is _AGGREGATING_GET:
             entry = self._known(key)

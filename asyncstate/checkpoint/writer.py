@@ -294,7 +294,7 @@ def write_part(
             **({"state_ttl": dict(sorted(ttl.items()))} if ttl else {}),
             "attempt": attempt,
             "written_at": time.time(),
-            "checkpoint": checkpoint_name,
+            **({"checkpoint": checkpoint_name} if checkpoint_name else {}),
             "checksum": CHECKSUM_NAME,
             "data_file": data_file,
             "data_size": data_size,

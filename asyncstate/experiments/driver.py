@@ -114,7 +114,7 @@ class RunResult:
         return {
             "arm": self.arm, "workload": p.workload, "mode": p.mode,
             "offered_rate": p.rate, "latency_ms": p.latency_ms,
-            "latency_p99_ms": p.latency_p99_ms,
+            "latency_p99_ms": p.latency_p99_ms if p.latency_ms > 0 else None,
             "measured_store_latency_ms": self.measured_store_latency_ms,
             "batch_size": c.batch_size, "buffer_timeout_ms": c.buffer_timeout_ms,
             "max_in_flight": c.max_in_flight, "io_parallelism": p.io_parallelism,

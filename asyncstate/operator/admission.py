@@ -24,8 +24,8 @@ __all__ = ["AdmissionGate"]
 class AdmissionGate:
     """Admits records into an inbox, at most `limit` waiting or in flight (see module doc).
 
-    `ready()` is called after a wait for a snapshot: it raises when the operator may no
-    longer take records (it failed or closed meanwhile).
+    `ready()` is called after every wait: it raises when the operator may no longer take
+    records from outside (it failed or closed meanwhile, or its clean exit began).
     """
 
     __slots__ = ("_blocked_lock", "_blocked_since", "_blocked_total", "_controller", "_holds",
@@ -93,9 +93,11 @@ class AdmissionGate:
             try:
                 if self._holds:
                     await self._wait_released()
-                    self._ready()
                 else:
                     await self._controller.wait_until(self._has_room)
+                # The operator may no longer take records (it failed, closed, or its clean
+                # exit began while this producer waited).
+                self._ready()
             finally:
                 with self._blocked_lock:
                     self._waiting -= 1

@@ -127,7 +127,8 @@ class KeyedOperator:
         self._ttl_timers = TtlTimers(controller)
         records.internal_timers = self._ttl_timers.fire
         inbox = Inbox(controller, records)
-        self._gate = AdmissionGate(controller, inbox, config.max_in_flight, self._ready)
+        self._gate = AdmissionGate(controller, inbox, config.max_in_flight,
+                                   self._ready_to_admit)
         self._progress = TimeProgress(controller, inbox, self.clock)
 
     def _open_timers(self) -> dict[int, SectionHandler]:
@@ -177,13 +178,9 @@ class KeyedOperator:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         primary: BaseException | None = exc
         if exc is None:
-            self._exiting = True
+            self._exiting = True  # from now on records from outside are refused
             try:
-                # Again while a producer that was waiting for room got in meanwhile.
-                while True:
-                    await self.drain()
-                    if self._gate is None or self._gate.in_flight == 0:
-                        break
+                await self.drain()
             except BaseException as drain_exc:  # noqa: BLE001 - the run failure or a cancel
                 primary = drain_exc
         if primary is None and self._controller is not None:
@@ -232,6 +229,15 @@ class KeyedOperator:
             raise controller.failure
         return controller
 
+    def _ready_to_admit(self) -> None:
+        """As `_ready`, for a record from outside the operator: refused too once a clean
+        exit of `async with` has begun (its drain might not wait for the record)."""
+        self._ready()
+        if self._exiting:
+            raise InvalidStateError(
+                f"{self!r} is closing: its `async with` block has ended, and a record given "
+                "now would not be processed; feed records inside the block")
+
     def _own_record(self) -> RecordContext | None:
         """The record of this operator whose code is running, if any."""
         ctx = current_context()
@@ -258,11 +264,10 @@ class KeyedOperator:
         one of this operator's records, it admits at once, even beyond `max_in_flight`:
         waiting there could wait for the calling record itself.
         """
-        self._ready()
-        if self._exiting and self._own_record() is None:
-            raise InvalidStateError(
-                f"{self!r} is closing: its `async with` block has ended, and a record given "
-                "now would not be processed; feed records inside the block")
+        if self._own_record() is None:
+            self._ready_to_admit()
+        else:
+            self._ready()
         gate = self._gate
         assert self._records is not None and gate is not None
         ctx = self._records.prepare(record)

@@ -605,8 +605,10 @@ def test_a_falsy_map_value_read_from_rocksdb_through_the_cache_is_a_value(tmp_pa
 
 def test_every_chunk_the_store_loads_counts_as_a_miss() -> None:
     class Lists(ast.KeyedProcessFunction):
+        ttl: Any = None
+
         def open(self, ctx: Any) -> None:
-            self.items = ctx.get_list_state(ast.ListStateDescriptor("l"))
+            self.items = ctx.get_list_state(ast.ListStateDescriptor("l", ttl=self.ttl))
 
         async def process_element(self, x: Any, ctx: Any) -> None:
             if x[1] == "fill":
@@ -639,3 +641,8 @@ def test_every_chunk_the_store_loads_counts_as_a_miss() -> None:
     assert m["outputs"] == [10] * 6
     # 6 reads of 4 chunks, each sent to the store: 24 misses (the first chunks alone: 6).
     assert (m["cache_hits"], m["cache_misses"]) == (0, 24)
+    # A state the cache never serves (TTL) counts neither, chunk after chunk.
+    Lists.ttl = ast.StateTtlConfig.new_builder(3_600_000).build()
+    m = metrics_of(100)
+    assert m["outputs"] == [10] * 6
+    assert (m["cache_hits"], m["cache_misses"]) == (0, 0)

@@ -410,41 +410,58 @@ def test_a_keyboard_interrupt_of_user_code_still_closes_everything(
     assert again.closed
 
 
+class _Emits(ast.KeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.c = ctx.get_state(ast.ValueStateDescriptor("c"))
+
+    async def process_element(self, v: Any, ctx: Any) -> None:
+        await self.c.update(v)
+        ctx.emit(v)
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("latency_ms", [0, 5])
-async def test_a_record_offered_while_the_block_exits_is_processed_or_refused(
-        latency_ms: float) -> None:
+async def test_a_record_offered_while_the_block_exits_is_refused(latency_ms: float) -> None:
     # Another task paces itself on drain() and feeds one more record as the `async with`
-    # block exits cleanly: that record is processed, or process() raises; never admitted
-    # and dropped.
-    class Emits(ast.KeyedProcessFunction):
-        def open(self, ctx: Any) -> None:
-            self.c = ctx.get_state(ast.ValueStateDescriptor("c"))
-
-        async def process_element(self, v: Any, ctx: Any) -> None:
-            await self.c.update(v)
-            ctx.emit(v)
-
+    # block exits cleanly: process() raises; the record is never admitted and dropped.
     backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=latency_ms)
-    op = ast.KeyedOperator(Emits(), key_selector=lambda r: r, backend=backend)
-    admitted: list[int] = []
+    op = ast.KeyedOperator(_Emits(), key_selector=lambda r: r, backend=backend)
 
     async def late_producer() -> None:
         await op.drain()
         await op.process(99)
-        admitted.append(99)
 
     async with op:
         await op.process(1)
         late = asyncio.create_task(late_producer())
         await asyncio.sleep(0)  # it waits in drain() now
-    refused = await asyncio.gather(late, return_exceptions=True)
-    outputs = op.outputs()
-    m = op.metrics
-    assert m["records_in"] == m["records_done"]
-    if admitted:
-        assert outputs == [1, 99]
-    else:
-        assert outputs == [1]
-        assert isinstance(refused[0], ast.InvalidStateError)
-        assert "is closing" in str(refused[0])
+    [refused] = await asyncio.gather(late, return_exceptions=True)
+    assert isinstance(refused, ast.InvalidStateError) and "is closing" in str(refused)
+    assert op.outputs() == [1]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("latency_ms", [0, 2, 5])
+async def test_producers_waiting_for_room_as_the_block_exits_are_processed_or_refused(
+        latency_ms: float) -> None:
+    # max_in_flight 1: two producer tasks wait for room beside the block's own last record.
+    # Each record whose process() returned is processed; the others are refused.
+    backend = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=latency_ms)
+    op = ast.KeyedOperator(_Emits(), key_selector=lambda r: r, backend=backend,
+                           config=ast.AsyncStateConfig(max_in_flight=1))
+    admitted: list[int] = []
+
+    async def producer(x: int) -> None:
+        await asyncio.sleep(0)
+        await op.process(x)
+        admitted.append(x)
+
+    async with op:
+        await op.process(0)
+        tasks = [asyncio.create_task(producer(x)) for x in (10, 11)]
+        await op.process(1)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    refused = [r for r in results if r is not None]
+    assert all(isinstance(r, ast.InvalidStateError) for r in refused), results
+    assert sorted(op.outputs()) == sorted([0, 1, *admitted])
+    assert len(admitted) + len(refused) == 2
