@@ -429,6 +429,20 @@ class HeapBackend:
         return IteratorChunk(chunk, (request_type, walk, end) if end < len(walk.entries)
                              else None)
 
+    def _ttl_iteration(self, request_type: StateRequestType, shape: int, table: Table, k: Any,
+                       read: Any) -> IteratorChunk:
+        """The first chunk of a TTL read of the list or map stored under `k`."""
+        stored = table.get(k)
+        if not stored:
+            return IteratorChunk([], None)
+        if len(stored) > self._chunk:  # the read goes chunk by chunk
+            entries = list(stored) if shape == LIST else list(stored.items())
+            return self._walk_chunk(request_type, TtlWalk(shape, table, k, entries, read), 0)
+        # One chunk holds every item the read returns: a fresh list of them.
+        visible = list_visible(table, k, stored, read) if shape == LIST \
+            else map_visible(table, k, stored, read)
+        return self._chunk_of(request_type, visible, 0) if visible else IteratorChunk([], None)
+
     def _next_chunk(self, payload: Any) -> IteratorChunk:
         _original_type, continuation = payload
         request_type, items, offset = continuation
@@ -438,17 +452,7 @@ class HeapBackend:
 
     def _list_get(self, table: Table, key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
         if payload is not None:  # a TtlRead
-            k = _table_key(key, ns)
-            elements = table.get(k)
-            if not elements:
-                return IteratorChunk([], None)
-            if len(elements) > self._chunk:  # the read goes chunk by chunk
-                return self._walk_chunk(
-                    _T.LIST_GET, TtlWalk(LIST, table, k, list(elements), payload), 0)
-            # One chunk holds every element the read returns: a fresh list of them.
-            visible = list_visible(table, k, elements, payload)
-            return self._chunk_of(_T.LIST_GET, visible, 0) if visible \
-                else IteratorChunk([], None)
+            return self._ttl_iteration(_T.LIST_GET, LIST, table, _table_key(key, ns), payload)
         items = table.get(_table_key(key, ns))
         if not items:
             return IteratorChunk([], None)
@@ -534,17 +538,7 @@ class HeapBackend:
     def _map_iter(self, request_type: StateRequestType, table: Table,
                   key: bytes, ns: bytes, payload: Any) -> IteratorChunk:
         if payload is not None:  # a TtlRead
-            k = _table_key(key, ns)
-            stored = table.get(k)
-            if not stored:
-                return IteratorChunk([], None)
-            if len(stored) > self._chunk:  # the read goes chunk by chunk
-                return self._walk_chunk(
-                    request_type, TtlWalk(MAP, table, k, list(stored.items()), payload), 0)
-            # One chunk holds every entry the read returns: a fresh list of them.
-            visible = map_visible(table, k, stored, payload)
-            return self._chunk_of(request_type, visible, 0) if visible \
-                else IteratorChunk([], None)
+            return self._ttl_iteration(request_type, MAP, table, _table_key(key, ns), payload)
         entries = table.get(_table_key(key, ns))
         if not entries:
             return IteratorChunk([], None)
