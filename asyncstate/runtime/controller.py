@@ -591,9 +591,7 @@ class AsyncExecutionController:
         # Hand the key to the next blocked context now, so nobody can jump the queue, and
         # run its work from the trampoline. It takes the key with all its blocked requests,
         # also those queued behind another context's (it may need them to finish at all).
-        # Once the run failed nothing more starts: the blocked requests wait for close(),
-        # which fails them.
-        nxt = buffer.peek_blocked(key) if self._failure is None else None
+        nxt = buffer.peek_blocked(key)
         if nxt is not None:
             holder = nxt.context
             self._occupy(holder)
@@ -612,7 +610,7 @@ class AsyncExecutionController:
 
     def _admit_parked(self, _: Any) -> None:
         parked = self._parked
-        while parked and self._in_flight < self.max_in_flight and self._failure is None:
+        while parked and self._in_flight < self.max_in_flight:
             ctx = next(iter(parked))
             requests = parked.pop(ctx)
             self._enter_flight(ctx)
