@@ -359,7 +359,7 @@ def test_run_failures_and_contract_errors() -> None:
         def process_element(self, value: Any, ctx: ast.RecordContext) -> Any:
             return 5
 
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="must return None or a StateFuture"):
         _run(BadReturn(), [1])
 
     async def inside_loop() -> None:

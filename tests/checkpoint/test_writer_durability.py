@@ -36,22 +36,22 @@ MAX_P = 16
 PARALLELISM = 2
 
 CHILD = textwrap.dedent("""
-    import os, sys, time
+    import os, sys
     from asyncstate.checkpoint.writer import write_part
 
     chk, marker, phase = sys.argv[1], sys.argv[2], sys.argv[3]
 
-    def touch():
+    def touch_and_wait():
         with open(marker, "w"):
             pass
+        sys.stdin.read()  # the parent kills us here; it never closes our stdin first
 
     if phase == "rename":
         real_replace = os.replace
 
         def replace(src, dst):
             if dst.endswith("_MANIFEST.json"):
-                touch()
-                time.sleep(120)  # killed here: manifest written and fsynced, not renamed
+                touch_and_wait()  # killed here: manifest written and fsynced, not renamed
             real_replace(src, dst)
 
         os.replace = replace
@@ -63,9 +63,7 @@ CHILD = textwrap.dedent("""
     def key_groups():
         for kg in range(0, 8):
             if phase == "data" and kg == 2:
-                touch()  # two key groups are on disk, more are coming
-            if phase == "data" and kg >= 2:
-                time.sleep(2)
+                touch_and_wait()  # two key groups are on disk, more are coming
             yield kg, records(kg)
 
     write_part(chk, parallelism=2, operator_index=0, max_parallelism=16,
@@ -111,7 +109,7 @@ def kill_mid_write(tmp_path, chk: str, phase: str) -> None:
     script.write_text(CHILD)
     marker = tmp_path / f"marker-{phase}"
     proc = subprocess.Popen([sys.executable, str(script), chk, str(marker), phase],
-                            stderr=subprocess.PIPE, cwd=os.getcwd())
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=os.getcwd())
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
@@ -126,6 +124,7 @@ def kill_mid_write(tmp_path, chk: str, phase: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdin.close()
         proc.stderr.close()
 
 

@@ -240,7 +240,8 @@ async def test_then_compose_returning_a_non_future_fails_the_run_with_type_error
         return fn.v.value().then_compose(lambda v: 5)
 
     op = op_of(PlainRecordStep(), make_backend())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"then_compose\(\) callback .* must return a StateFuture, "
+                                        "got int"):
         async with op:
             await op.process(("k", step))
             await op.drain()

@@ -187,7 +187,6 @@ async def test_metrics_after_drain(make_backend):
     assert m["in_flight"] == 0
     assert 1 <= m["in_flight_peak"] <= 8
     assert m["requests"] == 80  # one value() and one update() per record
-    assert m["blocked_seconds"] >= 0.0
     if isinstance(backend, ast.SimulatedRemoteBackend):
         assert m["batches"] > 0
         assert 1 <= m["max_batch_size"] <= 4
@@ -273,7 +272,8 @@ async def test_timer_firings_are_not_counted_as_records(name):
         outputs = sorted(op.outputs())
     assert (m["records_in"], m["records_done"]) == (8, 8)
     assert outputs == [(k, 10 + k) for k in range(5)]
-    assert occupancy.count == 0 and occupancy.mean() >= 0
+    # The eight records were in flight for a while (the firings were not counted).
+    assert occupancy.count == 0 and occupancy.mean() > 0
 
 
 @pytest.mark.timeout(30)
@@ -310,11 +310,14 @@ async def test_occupancy_measured_while_a_timer_fires_counts_records_only():
             op.controller.trigger_if_needed(True)
             executor.complete_all()
             await asyncio.sleep(0)
+        assert op.metrics["records_done"] == 1, "the record did not finish"
         advance = asyncio.ensure_future(op.advance_watermark(100))
         for _ in range(100):  # until the firing waits for its read
             if op.metrics["batches_in_executor"] or op.controller.active_queue_size:
                 break
             await asyncio.sleep(0)
+        else:
+            raise AssertionError("the timer's firing never issued its read")
         assert op.metrics["num_in_flight_records"] == 1  # the firing, not a record
         occupancy = op.measure_occupancy()
         assert occupancy.count == 0
@@ -324,5 +327,6 @@ async def test_occupancy_measured_while_a_timer_fires_counts_records_only():
             op.controller.trigger_if_needed(True)
             executor.complete_all()
             await asyncio.sleep(0)
+        assert advance.done(), "the advance did not finish within 100 deliveries"
         await advance
         assert occupancy.count == 0 and op.outputs() == [(1, 10)]

@@ -102,7 +102,7 @@ def test_run_generator_raising_midway_releases_rocksdb(tmp_path):
         yield 1
         raise OSError("source broke")
 
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="source broke"):
         ast.run(Counter(), records(), key_selector=ident, backend=ast.RocksDBBackend(path))
     ast.run(Counter(), [1], key_selector=ident, backend=ast.RocksDBBackend(path))
 

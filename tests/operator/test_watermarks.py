@@ -630,7 +630,7 @@ async def test_advance_processing_time_sets_the_manual_clock():
         await op.advance_processing_time(20)
         assert clock.now_ms() == 20
         await op.advance_processing_time(20)  # not backwards: allowed
-        with pytest.raises(ast.AsyncStateError):
+        with pytest.raises(ast.ConfigError, match="never goes backwards, got 19"):
             await op.advance_processing_time(19)
         assert clock.now_ms() == 20
         await op.process(("a", 1))

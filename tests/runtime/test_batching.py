@@ -634,6 +634,7 @@ async def test_drain_inflight_records_sends_partial_batches_and_waits() -> None:
         if h.executor.pending_batch_num:
             h.executor.complete_next_batch()
         await settle(h)
+    assert drain.done(), "the drain did not finish within 100 deliveries"
     await drain
     assert sorted(h.out) == [(0, 1), (1, 1), (2, 2)]
     assert h.gauges() == IDLE
@@ -697,6 +698,7 @@ async def test_record_code_awaiting_request_futures_in_a_task() -> None:
         h.aec.trigger_if_needed(True)
         if h.executor.pending_batch_num:
             h.executor.complete_next_batch()
+    assert all(t.done() for t in tasks), "records still running after 100 deliveries"
     results = [await t for t in tasks]
     assert results == [1, 1, 2, 2, 3, 3]
     assert h.stored("k") == 3

@@ -736,8 +736,10 @@ def test_result_and_exception_before_completion_raise_invalid_state_error() -> N
     fut: StateFuture[int] = StateFuture()
     with pytest.raises(ast.InvalidStateError):
         fut.result()
-    with pytest.raises(RuntimeError):  # InvalidStateError is also a RuntimeError
+    with pytest.raises(ast.InvalidStateError, match=r"exception\(\) called before the future "
+                       "completed"):
         fut.exception()
+    assert issubclass(ast.InvalidStateError, RuntimeError)  # as asyncio's is
     assert not fut.done()
 
 

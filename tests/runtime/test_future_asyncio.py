@@ -246,8 +246,8 @@ async def test_remove_done_callback_removes_all_copies_and_keeps_then_callbacks(
 
 def test_asyncio_protocol_methods_need_a_running_loop() -> None:
     fut: StateFuture[int] = StateFuture()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="no running event loop"):
         fut.get_loop()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="no running event loop"):
         fut.add_done_callback(lambda f: None)
     assert asyncio.isfuture(fut)
