@@ -376,6 +376,30 @@ def test_checkpoint_directory_without_write_permission(tmp_path):
     assert read_consistent(chk) == (0, 0)
 
 
+def test_part_directory_refusing_new_files_keeps_the_previous_part(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test above with the refusal injected, so that it also runs as root."""
+    from asyncstate.checkpoint import writer
+
+    chk = checkpoint_path(tmp_path, 1)
+    write_attempt(chk, 0, 0)
+    part_dir = os.path.join(chk, "part-1-0")
+    before = sorted(os.listdir(part_dir))
+
+    def refusing_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "x" in mode and os.path.dirname(os.fspath(path)) == part_dir:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "open", refusing_open, raising=False)
+    with pytest.raises(CheckpointError, match="cannot be written") as exc:
+        write_attempt(chk, 0, 1)
+    assert isinstance(exc.value.__cause__, PermissionError)
+    monkeypatch.undo()
+    assert read_consistent(chk) == (0, 0)
+    assert sorted(os.listdir(part_dir)) == before  # nothing left behind
+
+
 def big_records(kg: int, bad_at: int | None = None):
     for j in range(20_000):  # spans several packer chunks and spills the write buffer
         yield object() if j == bad_at else [kg, j, b"y" * 64]
