@@ -12,11 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shared_functions import (
+    LOOP_FACTORIES,
     BaseBoom,
     Boom,
     first,
     keyed_operator,
     new_backend,
+    run_on_loop,
     slow_examples,
 )
 
@@ -135,13 +137,11 @@ async def _drive(op: ast.KeyedOperator, sc: dict[str, Any],
 def _scenario_setup(loop_name: str, sc: dict[str, Any], **config: Any) -> tuple[
         list[tuple[Any, str, int]], ast.AsyncStateConfig, Any]:
     """A scenario's tagged records, its operator config and the event loop factory."""
-    import uvloop
     records = [(k, kind, i) for i, (k, kind) in enumerate(sc["records"])]
     op_config = ast.AsyncStateConfig(
         batch_size=sc["batch_size"], max_in_flight=sc["max_in_flight"],
         buffer_timeout_ms=sc["buffer_timeout_ms"], **config)
-    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
-    return records, op_config, factory
+    return records, op_config, LOOP_FACTORIES[loop_name]
 
 
 def _run_scenario(loop_name: str, sc: dict[str, Any], make: Any) -> tuple[list[Any], Any]:
@@ -448,8 +448,4 @@ def test_records_of_one_key_never_overlap_and_the_peak_is_exact(
     """Each record holds a gate the test opens in random order, so the test knows how many
     records can be in flight: min(max_in_flight, records), never more; a record of a busy
     key starts only after the one before it finished, in arrival order."""
-    import uvloop
-
-    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(run_gated(keys, limit, kind, batch_size, seed))
+    run_on_loop(loop_name, run_gated(keys, limit, kind, batch_size, seed))
