@@ -19,12 +19,13 @@ import sys
 import tempfile
 import textwrap
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+import uvloop
 
 import asyncstate as ast
 from asyncstate.runtime.requests import StateKind
@@ -142,6 +143,23 @@ def new_backend(kind: str, directory: Path | str | None = None) -> Any:
     return BACKEND_FACTORIES[kind](None if directory is None else Path(directory))
 
 
+# -- event loops -----------------------------------------------------------------------------
+
+# The loops every async test runs on (tests/conftest.py). A hypothesis test that runs its own
+# loop draws one per example, st.sampled_from(LOOP_NAMES), and runs on it with `run_on_loop`.
+LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+LOOP_NAMES = tuple(LOOP_FACTORIES)
+
+
+def run_on_loop(loop_name: str, main: Coroutine[Any, Any, Any]) -> Any:
+    """Run `main` on a fresh event loop of `loop_name` (a key of LOOP_FACTORIES); its result."""
+    with asyncio.Runner(loop_factory=LOOP_FACTORIES[loop_name]) as runner:
+        return runner.run(main)
+
+
 # -- operators -------------------------------------------------------------------------------
 
 
@@ -182,17 +200,24 @@ async def run_records(fn: ast.KeyedProcessFunction, records: Iterable[Any], back
 
 
 def run_on_every_backend(state_helpers: Any, make_fn: Callable[[], ast.KeyedProcessFunction],
-                         records: list[Any], **config: Any) -> dict[str, Any]:
+                         records: list[Any], *, loop: str | None = None,
+                         **config: Any) -> dict[str, Any]:
     """Run a fresh function from `make_fn()` over `records` on every kind of storage; outputs
     (or the failure's type and message) by backend kind. Each RocksDB gets its own fresh
-    directory."""
+    directory. With `loop` (a key of LOOP_FACTORIES), a KeyedOperator processes and drains
+    the records on a loop of that kind (no timers fire), else `ast.run` runs them (uvloop)."""
     results: dict[str, Any] = {}
     for kind, factory in state_helpers.factories.items():
         with tempfile.TemporaryDirectory(prefix="asyncstate-parity-") as tmp:
+            backend = factory(Path(tmp))
+            options = ast.AsyncStateConfig(**config)
             try:
-                results[kind] = ast.run(
-                    make_fn(), records, key_selector=first, backend=factory(Path(tmp)),
-                    config=ast.AsyncStateConfig(**config))
+                if loop is None:
+                    results[kind] = ast.run(make_fn(), records, key_selector=first,
+                                            backend=backend, config=options)
+                else:
+                    results[kind] = run_on_loop(loop, run_records(make_fn(), records, backend,
+                                                                  config=options))
             except Exception as exc:  # noqa: BLE001 - compared between backends
                 results[kind] = ("raised", type(exc).__name__, str(exc))
     return results

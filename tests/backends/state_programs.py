@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from hypothesis import strategies as st
+from shared_functions import run_on_loop, run_records
 
 import asyncstate as ast
 
@@ -203,13 +204,20 @@ def per_key(outputs: list[Any]) -> dict[str, list[Any]]:
 
 def run_program(program: list[tuple[str, tuple[Any, ...]]], backend: Any, *,
                 batch_size: int, max_in_flight: int, chunk: int = 2,
-                checkpoint_dir: str | None = None) -> dict[str, list[Any]]:
+                checkpoint_dir: str | None = None, loop: str | None = None
+                ) -> dict[str, list[Any]]:
     """Run `program` on `backend` and return what each key emitted. With `checkpoint_dir`,
     the final reads run on a heap backend restored from the checkpoint the program's run
-    ends with, so they read what `backend` holds once drained, not what it answers."""
+    ends with, so they read what `backend` holds once drained, not what it answers. With
+    `loop` (a key of LOOP_FACTORIES, no checkpoint), a KeyedOperator runs the program on a
+    loop of that kind, else `ast.run` does (uvloop)."""
     config = ast.AsyncStateConfig(batch_size=batch_size, max_in_flight=max_in_flight,
                                   iterator_chunk_size=chunk)
     records = records_of(program)
+    if loop is not None:
+        assert checkpoint_dir is None, "a program runs on a chosen loop without a checkpoint"
+        return per_key(run_on_loop(loop, run_records(Program(), records, backend,
+                                                     config=config)))
     if checkpoint_dir is None:
         outputs = ast.run(Program(), records, key_selector=lambda r: r[0], backend=backend,
                           config=config)

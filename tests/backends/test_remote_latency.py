@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import Counter, slow_examples
+from shared_functions import LOOP_NAMES, Counter, slow_examples
 from state_programs import PROGRAMS, run_program
 
 import asyncstate as ast
@@ -22,27 +22,31 @@ import asyncstate as ast
 @given(program=PROGRAMS, latency_ms=st.sampled_from([0, 0.1, 0.3]),
        spread=st.sampled_from([1.0, 3.0, 10.0]), per_key_ms=st.sampled_from([0.0, 0.05]),
        io_parallelism=st.integers(1, 4), seed=st.integers(0, 2**16),
-       batch_size=st.integers(1, 6), max_in_flight=st.integers(1, 10))
+       batch_size=st.integers(1, 6), max_in_flight=st.integers(1, 10),
+       loop=st.sampled_from(LOOP_NAMES))
 def test_results_are_exactly_the_inner_backends(program, latency_ms, spread, per_key_ms,
                                                 io_parallelism, seed, batch_size,
-                                                max_in_flight):
+                                                max_in_flight, loop):
     backend = ast.SimulatedRemoteBackend(
         ast.HeapBackend(), latency_ms=latency_ms, io_parallelism=io_parallelism, seed=seed,
         latency_p99_ms=latency_ms * spread if latency_ms else None, per_key_ms=per_key_ms)
-    got = run_program(program, backend, batch_size=batch_size, max_in_flight=max_in_flight)
+    got = run_program(program, backend, batch_size=batch_size, max_in_flight=max_in_flight,
+                      loop=loop)
     want = run_program(program, ast.HeapBackend(), batch_size=batch_size,
                        max_in_flight=max_in_flight)
     assert got == want
 
 
 @settings(max_examples=slow_examples(8))
-@given(program=PROGRAMS, seed=st.integers(0, 2**16), batch_size=st.integers(1, 6))
-def test_results_are_exactly_rocksdbs_behind_random_latencies(program, seed, batch_size):
+@given(program=PROGRAMS, seed=st.integers(0, 2**16), batch_size=st.integers(1, 6),
+       loop=st.sampled_from(LOOP_NAMES))
+def test_results_are_exactly_rocksdbs_behind_random_latencies(program, seed, batch_size, loop):
     with tempfile.TemporaryDirectory(prefix="asyncstate-remote-") as tmp:
         backend = ast.SimulatedRemoteBackend(
             ast.RocksDBBackend(Path(tmp) / "db"), latency_ms=0.2, latency_p99_ms=2,
             io_parallelism=3, seed=seed)
-        got = run_program(program, backend, batch_size=batch_size, max_in_flight=8)
+        got = run_program(program, backend, batch_size=batch_size, max_in_flight=8,
+                          loop=loop)
     want = run_program(program, ast.HeapBackend(), batch_size=batch_size, max_in_flight=8)
     assert got == want
 

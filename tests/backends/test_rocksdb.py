@@ -22,7 +22,14 @@ from backend_harness import (
 from executor_doubles import RecordingRemote
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from shared_functions import Script, Sum, keyed_operator, slow_examples
+from shared_functions import (
+    LOOP_NAMES,
+    Script,
+    Sum,
+    keyed_operator,
+    run_on_loop,
+    slow_examples,
+)
 
 import asyncstate as ast
 from asyncstate.backends.heap import HeapBackend
@@ -345,16 +352,17 @@ async def _compare(path: str, batches: list[list[Op]], chunked: bool, inline: in
 @settings(max_examples=slow_examples(30), deadline=None)
 @given(ops=OP_LISTS, cuts=st.lists(st.integers(0, 60), max_size=10),
        chunked=st.booleans(), inline=st.sampled_from([0, 4]),
-       memtable_bloom_ratio=st.sampled_from([0, 0.02, 0.25]))
-def test_random_batches_match_heap(ops, cuts, chunked, inline, memtable_bloom_ratio):
+       memtable_bloom_ratio=st.sampled_from([0, 0.02, 0.25]), loop=st.sampled_from(LOOP_NAMES))
+def test_random_batches_match_heap(ops, cuts, chunked, inline, memtable_bloom_ratio, loop):
     """Concurrent examples read through the pool, so that a batch's reads can overtake an
     earlier batch's writes; chunked examples (chunk size 1) also try loop-thread reads.
-    Every read is answered by a memtable, with its bloom filter off, default or largest."""
+    Every read is answered by a memtable, with its bloom filter off, default or largest.
+    Pool reads come back through call_soon_threadsafe, which each loop schedules its way."""
     batches = _split(ops, cuts, cut_after_iterations=chunked)
     options = RocksDBOptions(memtable_bloom_ratio=memtable_bloom_ratio)
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(_compare(os.path.join(tmp, "db"), batches, chunked,
-                             inline if chunked else 0, options))
+        run_on_loop(loop, _compare(os.path.join(tmp, "db"), batches, chunked,
+                                   inline if chunked else 0, options))
 
 
 def test_key_helpers():
@@ -515,7 +523,6 @@ READ_TYPES = frozenset({T.VALUE_GET, T.REDUCING_GET, T.AGGREGATING_GET, T.LIST_G
                         T.MAP_GET, T.MAP_CONTAINS, T.MAP_IS_EMPTY, *MAP_ITERATIONS})
 
 
-@pytest.mark.asyncio(loop_factories=["asyncio"])  # the plan runs the same on either loop
 @pytest.mark.parametrize(("where", "inline"), [
     ("memtable", 0), ("memtable", 16), ("sst", 0), ("unapplied", 0)],
     ids=["memtable-pool-reads", "memtable-inline-reads", "sst", "unapplied"])
@@ -579,39 +586,41 @@ BASE = [op for key in (0, "k") for ns in (None, "ns") for op in earlier_writes(k
        destroy=DESTROY, writes=LATER_WRITES, reads=LATER_READS,
        chunk=st.sampled_from([1, 2, 1000]), where=st.sampled_from(["memtable", "sst",
                                                                  "unapplied"]),
-       inline=st.sampled_from([0, 4]))
+       inline=st.sampled_from([0, 4]), loop=st.sampled_from(LOOP_NAMES))
 @example(earlier=[], destroy=("m", T.CLEAR, None, "k", None), writes=[],
          reads=[("m", T.MAP_CONTAINS, "u", "k", None), ("m", T.MAP_ITER, None, "k", None)],
-         chunk=2, where="memtable", inline=0)
+         chunk=2, where="memtable", inline=0, loop="asyncio")
 @example(earlier=[], destroy=("l", T.LIST_UPDATE, [], 0, "ns"),
          writes=[("l", T.LIST_ADD, "x", 0, "ns")], reads=[("l", T.LIST_GET, None, 0, "ns")],
-         chunk=1, where="sst", inline=0)
+         chunk=1, where="sst", inline=0, loop="uvloop")
 @example(earlier=[], destroy=("m", T.MAP_REMOVE, "u", "k", "ns"), writes=[],
          reads=[("m", T.MAP_ITER_KEY, None, "k", "ns"), ("m", T.MAP_GET, "u", "k", "ns")],
-         chunk=1, where="unapplied", inline=0)
+         chunk=1, where="unapplied", inline=0, loop="asyncio")
 @example(earlier=[], destroy=("v", T.VALUE_UPDATE, None, 0, None), writes=[],
-         reads=[("v", T.VALUE_GET, None, 0, None)], chunk=1000, where="sst", inline=4)
+         reads=[("v", T.VALUE_GET, None, 0, None)], chunk=1000, where="sst", inline=4,
+         loop="uvloop")
 @example(earlier=[], destroy=("m", T.MAP_PUT_ALL, [(u, None) for u in USER_KEYS_5], 0, None),
          writes=[], reads=[("m", T.MAP_IS_EMPTY, None, 0, None),
                            ("m", T.MAP_ITER_VALUE, None, 0, None)],
-         chunk=2, where="memtable", inline=4)
+         chunk=2, where="memtable", inline=4, loop="asyncio")
 @example(earlier=[], destroy=("l", T.CLEAR, None, "k", None), writes=[],
-         reads=[("l", T.LIST_GET, None, "k", None)], chunk=2, where="unapplied", inline=0)
+         reads=[("l", T.LIST_GET, None, "k", None)], chunk=2, where="unapplied", inline=0,
+         loop="uvloop")
 @example(earlier=[], destroy=("m", T.MAP_PUT, ("w", None), 0, "ns"),
          writes=[("m", T.MAP_PUT, ("u", 5), 0, "ns")],
          reads=[("m", T.MAP_GET, "w", 0, "ns"), ("m", T.MAP_CONTAINS, "w", 0, "ns"),
-                ("m", T.MAP_ITER, None, 0, "ns")], chunk=1, where="sst", inline=0)
+                ("m", T.MAP_ITER, None, 0, "ns")], chunk=1, where="sst", inline=0, loop="asyncio")
 @example(earlier=[], destroy=("a", T.CLEAR, None, "k", "ns"),
          writes=[("a", T.AGGREGATING_ADD, [1], "k", "ns")],
          reads=[("a", T.AGGREGATING_GET, None, "k", "ns")], chunk=1000, where="memtable",
-         inline=0)
+         inline=0, loop="uvloop")
 def test_destructive_requests_then_anything_in_one_batch_match_heap(
         earlier: list[Op], destroy: Op, writes: list[Op], reads: list[Op], chunk: int,
-        where: str, inline: int) -> None:
+        where: str, inline: int, loop: str) -> None:
     """An earlier batch fills every state of a few (key, namespace)s; a later batch starts
     with a destructive request and goes on with writes, then reads and iterations."""
     with tempfile.TemporaryDirectory() as tmp:
-        expected, got = asyncio.run(heap_and_rocksdb_answers(
+        expected, got = run_on_loop(loop, heap_and_rocksdb_answers(
             os.path.join(tmp, "db"), [*BASE, *earlier], [destroy, *writes, *reads],
             chunk=chunk, inline=inline, reopen=where == "sst", concurrent=where == "unapplied"))
     assert got == expected

@@ -3,7 +3,6 @@ chains of parallelisms and backends, against sequential models."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -12,7 +11,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import Ledger, new_backend, normalize, second, slow_examples
+from shared_functions import (
+    LOOP_NAMES,
+    Ledger,
+    new_backend,
+    normalize,
+    run_on_loop,
+    second,
+    slow_examples,
+)
 
 import asyncstate as ast
 
@@ -148,11 +155,12 @@ async def test_operator_state_through_1_2_5_3(tmp_path: Any) -> None:
 @pytest.mark.timeout(120)
 @settings(max_examples=slow_examples(15), deadline=None)
 @given(keys=st.integers(1, 40), n=st.integers(0, 120), seed=st.integers(0, 10_000),
-       chain=st.lists(st.integers(1, 5), min_size=2, max_size=3))
+       chain=st.lists(st.integers(1, 5), min_size=2, max_size=3),
+       loop=st.sampled_from(LOOP_NAMES))
 def test_random_rescale_chains_equal_the_model(tmp_path_factory: Any, keys: int, n: int,
-                                               seed: int, chain: list[int]) -> None:
+                                               seed: int, chain: list[int], loop: str) -> None:
     tmp = tmp_path_factory.mktemp("rescale")
-    asyncio.run(_rescale_chain(_totals_records(n, keys, seed), chain, tmp, _heap))
+    run_on_loop(loop, _rescale_chain(_totals_records(n, keys, seed), chain, tmp, _heap))
 
 
 class Holder(ast.KeyedProcessFunction):
@@ -315,11 +323,12 @@ async def test_max_parallelism_edge_values(tmp_path: Any, max_p: int,
 @settings(max_examples=slow_examples(8), deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(0, 80), keys=st.integers(1, 20),
        chain=st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["heap", "rocksdb"])),
-                      min_size=2, max_size=4))
+                      min_size=2, max_size=4),
+       loop=st.sampled_from(LOOP_NAMES))
 def test_random_chains_equal_the_models(tmp_path_factory: Any, seed: int, n: int, keys: int,
-                                        chain: list[tuple[int, str]]) -> None:
+                                        chain: list[tuple[int, str]], loop: str) -> None:
     tmp = tmp_path_factory.mktemp("adv")
-    asyncio.run(_chain(tmp, chain, _records(n, keys, seed), batch_size=3))
+    run_on_loop(loop, _chain(tmp, chain, _records(n, keys, seed), batch_size=3))
 
 
 async def _op_phase(tmp: Any, parallelism: int, restore: str | None, checkpoint_id: int,
@@ -467,10 +476,11 @@ async def test_operator_state_declared_by_some_instances_after_a_rescale_loses_n
 @pytest.mark.timeout(300)
 @settings(max_examples=slow_examples(25), deadline=None)
 @given(data=st.data(),
-       chain=st.lists(st.integers(1, 5), min_size=2, max_size=5))
+       chain=st.lists(st.integers(1, 5), min_size=2, max_size=5),
+       loop=st.sampled_from(LOOP_NAMES))
 def test_random_partial_declarations_match_the_carry_model(tmp_path_factory: Any,
                                                            data: st.DataObject,
-                                                           chain: list[int]) -> None:
+                                                           chain: list[int], loop: str) -> None:
     """Each run of the chain declares each state on a random subset of its instances; every
     checkpoint must hold exactly what the model says, and the last run restores it."""
     tmp = tmp_path_factory.mktemp("partial")
@@ -502,7 +512,7 @@ def test_random_partial_declarations_match_the_carry_model(tmp_path_factory: Any
         assert got == [{"offsets": _split_model(split, 1)[0],
                         "seen": [x for part in union for x in part]}]
 
-    asyncio.run(run())
+    run_on_loop(loop, run())
 
 
 async def test_operator_and_keyed_state_with_the_same_name_are_independent(

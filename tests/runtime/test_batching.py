@@ -28,6 +28,7 @@ from runtime_harness import (
     settle,
 )
 from shared_functions import (
+    LOOP_NAMES,
     Boom,
     Counter,
     FakeState,
@@ -35,6 +36,8 @@ from shared_functions import (
     let_loop_run,
     new_backend,
     op_of,
+    run_on_loop,
+    run_records,
     with_tag,
 )
 
@@ -177,18 +180,19 @@ def check_per_key_order(batches: list[list[tuple[Any, Any, Any]]]) -> None:
     io_parallelism=st.integers(1, 3),
     latency_ms=st.sampled_from([0, 0.5]),
     chunk=st.integers(1, 3),
+    loop=st.sampled_from(LOOP_NAMES),
 )
 def test_random_workloads_match_the_sequential_model_and_respect_batch_size(
         records: list[tuple[Any, str]], batch_size: int, max_in_flight: int,
-        buffer_timeout_ms: int, io_parallelism: int, latency_ms: float, chunk: int) -> None:
+        buffer_timeout_ms: int, io_parallelism: int, latency_ms: float, chunk: int,
+        loop: str) -> None:
     recs = [(key, kind, tag) for tag, (key, kind) in enumerate(records)]
     backend = RecordingRemote(HeapBackend(), latency_ms=latency_ms,
                               io_parallelism=io_parallelism)
     config = ast.AsyncStateConfig(batch_size=batch_size, max_in_flight=max_in_flight,
                                   buffer_timeout_ms=buffer_timeout_ms,
                                   iterator_chunk_size=chunk)
-    outputs = ast.run(Mixed(), recs, key_selector=lambda r: r[0], backend=backend,
-                      config=config)
+    outputs = run_on_loop(loop, run_records(Mixed(), recs, backend, config=config))
     assert by_key(outputs) == mixed_model(recs)
     sizes = [len(b) for b in backend.batches]
     assert all(1 <= s <= batch_size for s in sizes), sizes

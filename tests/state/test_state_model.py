@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from shared_functions import (
+    LOOP_NAMES,
     by_key_bytes,
     canon,
     normalize,
@@ -261,11 +262,12 @@ class _Program(ast.KeyedProcessFunction):
 
 
 @settings(max_examples=slow_examples(40))
-@given(program=_programs, chunk=st.sampled_from([1, 2, 1000]))
-def test_parity_random_programs_match_a_sequential_dict_model(state_helpers, program, chunk):
+@given(program=_programs, chunk=st.sampled_from([1, 2, 1000]), loop=st.sampled_from(LOOP_NAMES))
+def test_parity_random_programs_match_a_sequential_dict_model(state_helpers, program, chunk,
+                                                              loop):
     expected = _model_run(program)
     records = [(key, i, ops) for i, (key, ops) in enumerate(program)]
-    results = run_on_every_backend(state_helpers, _Program, records,
+    results = run_on_every_backend(state_helpers, _Program, records, loop=loop,
                                    iterator_chunk_size=chunk, batch_size=7)
     for backend_id, out in results.items():
         assert not (isinstance(out, tuple) and out[:1] == ("raised",)), (backend_id, out)
