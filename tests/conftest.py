@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 from hypothesis import HealthCheck, settings
 from shared_functions import (
     BACKEND_FACTORIES,
+    LOOP_FACTORIES,
     OPERATOR_BACKENDS,
     STORAGE_BACKENDS,
     AsyncScript,
@@ -56,11 +56,6 @@ settings.load_profile(_PROFILE)
 # allows: each gets an hour instead.
 SOAK_TIMEOUT_S = 3600
 
-_LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
@@ -70,7 +65,7 @@ def pytest_asyncio_loop_factories(
     Test ids gain a ``[asyncio]`` / ``[uvloop]`` suffix. A test may narrow the set with
     ``@pytest.mark.asyncio(loop_factories=["uvloop"])``.
     """
-    return _LOOP_FACTORIES
+    return LOOP_FACTORIES
 
 # The `manual_clock` and `manual_executor` fixtures come from asyncstate's pytest plugin
 # (asyncstate/pytest_plugin.py, registered as a pytest11 entry point).

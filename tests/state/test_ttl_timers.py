@@ -5,7 +5,6 @@ what the backend stores, not of what reads return."""
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import Sum, slow_examples
+from shared_functions import LOOP_NAMES, Sum, run_on_loop, slow_examples
 from ttl_harness import NOTHING, At, Steps, advance, play, stored_entries
 from ttl_harness import operator as make_operator
 
@@ -485,22 +484,25 @@ async def _play_model(backend: Any, ops: list[tuple[Any, ...]], event_time: bool
 
 
 def _check(backend_factory: Any, ops: list[tuple[Any, ...]], modes: tuple[bool, bool],
-           granularity: int | None) -> None:
+           granularity: int | None, loop: str) -> None:
     with tempfile.TemporaryDirectory(prefix="asyncstate-ttl-timers-") as tmp:
-        asyncio.run(_play_model(backend_factory(Path(tmp)), list(ops), *modes, granularity))
+        run_on_loop(loop, _play_model(backend_factory(Path(tmp)), list(ops), *modes,
+                                      granularity))
 
 
 _modes = st.tuples(st.booleans(), st.booleans())
 _granularity = st.sampled_from([1, 7, None])
+# Each example runs on an event loop it draws: both loops, at the cost of one.
+_loops = st.sampled_from(LOOP_NAMES)
 
 
 @settings(max_examples=slow_examples(40))
-@given(ops=st.lists(_op, max_size=40), modes=_modes, granularity=_granularity)
-def test_heap_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity):
-    _check(lambda path: ast.HeapBackend(), ops, modes, granularity)
+@given(ops=st.lists(_op, max_size=40), modes=_modes, granularity=_granularity, loop=_loops)
+def test_heap_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity, loop):
+    _check(lambda path: ast.HeapBackend(), ops, modes, granularity, loop)
 
 
 @settings(max_examples=slow_examples(15))
-@given(ops=st.lists(_op, max_size=30), modes=_modes, granularity=_granularity)
-def test_rocksdb_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity):
-    _check(lambda path: ast.RocksDBBackend(str(path / "db")), ops, modes, granularity)
+@given(ops=st.lists(_op, max_size=30), modes=_modes, granularity=_granularity, loop=_loops)
+def test_rocksdb_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity, loop):
+    _check(lambda path: ast.RocksDBBackend(str(path / "db")), ops, modes, granularity, loop)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from shared_functions import LOOP_NAMES, run_on_loop, slow_examples
 
 import asyncstate as ast
 from asyncstate.serde import canonical_key
@@ -450,9 +450,10 @@ def model(script: list[Any]) -> list[list[tuple[str, int]]]:
 
 
 @settings(max_examples=slow_examples(25))
-@given(steps, st.sampled_from(sorted(BACKENDS)))
+@given(steps, st.sampled_from(sorted(BACKENDS)), st.sampled_from(LOOP_NAMES))
 def test_random_registers_deletes_records_and_watermarks_match_the_model(
-        tmp_path_factory: pytest.TempPathFactory, script: list[Any], backend: str) -> None:
+        tmp_path_factory: pytest.TempPathFactory, script: list[Any], backend: str,
+        loop: str) -> None:
     path = tmp_path_factory.mktemp("timers")
 
     async def main() -> list[list[tuple[str, int]]]:
@@ -470,7 +471,7 @@ def test_random_registers_deletes_records_and_watermarks_match_the_model(
     # A plain on_timer runs as soon as its firing starts (its key is free: records and
     # firings hold a key only while they run), so every backend fires in the model's order,
     # a synchronous timer service's: timestamp, then key bytes, covered timers included.
-    assert asyncio.run(main()) == model(script)
+    assert run_on_loop(loop, main()) == model(script)  # on the loop the example drew
 
 
 def test_timers_work_where_rocksdict_is_not_installed() -> None:
