@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import LOOP_NAMES, Sum, run_on_loop, slow_examples
+from shared_functions import LOOP_NAMES, Boom, Sum, run_on_loop, slow_examples
 from ttl_harness import NOTHING, At, Steps, advance, play, stored_entries
 from ttl_harness import operator as make_operator
 
@@ -468,8 +468,13 @@ async def _model_step(s: Any, ctx: Any) -> Any:
     return NOTHING
 
 
+async def _failing_step(s: Any, ctx: Any) -> Any:
+    await s.v.update(1)
+    raise ctx.record[3]
+
+
 async def _play_model(backend: Any, ops: list[tuple[Any, ...]], event_time: bool,
-                      refresh: bool, granularity: int | None) -> None:
+                      refresh: bool, granularity: int | None, fail: bool) -> None:
     config = _config(event_time=event_time, refresh=refresh, granularity=granularity)
     step = granularity or max(TTL // 16, 1)  # the default granularity (docs/ttl.md)
     fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config),
@@ -479,43 +484,64 @@ async def _play_model(backend: Any, ops: list[tuple[Any, ...]], event_time: bool
     # (state, key, element) -> access time of what is stored
     stored: dict[tuple[Any, ...], int] = {}
     lists = 0
-    async with make_operator(fn, backend, event_time=event_time) as op:
-        await advance(op, 0, event_time)
-        for op_ in ops:
-            kind, key = op_[0], op_[1]
-            if kind in ("advance", "boundary"):
-                now = _moved(now, op_, stored, step)
-                await advance(op, now, event_time)
-                stored = {k: t for k, t in stored.items() if _due(t, step) > now}
-                assert _count(backend, "vlm") == len(stored), (op_, stored)
-                continue
-            await op.process((key, _model_step, now, op_))
-            await op.drain()
-            if kind == "set":
-                stored["v", key] = now
-            elif kind == "add":
-                lists += 1
-                stored["l", key, lists] = now
-            elif kind == "put":
-                stored["m", key, op_[2]] = now
-            else:  # every read removes what has expired, refreshes the rest with refresh
-                for slot, t in list(stored.items()):
-                    if slot[1] != key:
-                        continue
-                    if t + TTL <= now:
-                        del stored[slot]
-                    elif refresh:
-                        stored[slot] = now
+    failure = Boom("the last record fails")
+    try:
+        async with make_operator(fn, backend, event_time=event_time) as op:
+            await advance(op, 0, event_time)
+            for op_ in ops:
+                kind, key = op_[0], op_[1]
+                if kind in ("advance", "boundary"):
+                    now = _moved(now, op_, stored, step)
+                    await advance(op, now, event_time)
+                    stored = {k: t for k, t in stored.items() if _due(t, step) > now}
+                    assert _count(backend, "vlm") == len(stored), (op_, stored)
+                    continue
+                await op.process((key, _model_step, now, op_))
+                await op.drain()
+                if kind == "set":
+                    stored["v", key] = now
+                elif kind == "add":
+                    lists += 1
+                    stored["l", key, lists] = now
+                elif kind == "put":
+                    stored["m", key, op_[2]] = now
+                else:  # every read removes what has expired, refreshes the rest with refresh
+                    for slot, t in list(stored.items()):
+                        if slot[1] != key:
+                            continue
+                        if t + TTL <= now:
+                            del stored[slot]
+                        elif refresh:
+                            stored[slot] = now
+            if fail:
+                # The run ends with a record that writes and then fails, and an advance far
+                # past every cleanup timer asked for before that record ran: the advance
+                # raises that record's exception, and no cleanup firing starts after it.
+                await op.process((0, _failing_step, now, failure))
+                with pytest.raises(Boom) as raised:
+                    if event_time:
+                        await op.advance_watermark(now + 2 * TTL)
+                    else:
+                        await op.advance_processing_time(now + 2 * TTL)
+                assert raised.value is failure
+                stored["v", 0] = now  # what the failing record wrote before it raised
+                assert _count(backend, "vlm") == len(stored), stored
+    except Boom as exc:
+        assert fail and exc is failure  # the exit of `async with` raises it once more
+    else:
+        assert not fail, "the exit of the failed run raised nothing"
 
 
-def _check(backend_factory: Any, ops: list[tuple[Any, ...]], modes: tuple[bool, bool],
+def _check(backend_factory: Any, ops: list[tuple[Any, ...]], modes: tuple[bool, bool, bool],
            granularity: int | None, loop: str) -> None:
+    event_time, refresh, fail = modes
     with tempfile.TemporaryDirectory(prefix="asyncstate-ttl-timers-") as tmp:
-        run_on_loop(loop, _play_model(backend_factory(Path(tmp)), list(ops), *modes,
-                                      granularity))
+        run_on_loop(loop, _play_model(backend_factory(Path(tmp)), list(ops), event_time,
+                                      refresh, granularity, fail))
 
 
-_modes = st.tuples(st.booleans(), st.booleans())
+# (event time, refresh on read, the run ends with a failing record)
+_modes = st.tuples(st.booleans(), st.booleans(), st.booleans())
 _granularity = st.sampled_from([1, 7, None])
 # Each example runs on an event loop it draws: both loops, at the cost of one.
 _loops = st.sampled_from(LOOP_NAMES)
