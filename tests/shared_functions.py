@@ -19,9 +19,9 @@ import sys
 import tempfile
 import textwrap
 import types
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import pytest
@@ -143,23 +143,6 @@ def new_backend(kind: str, directory: Path | str | None = None) -> Any:
     return BACKEND_FACTORIES[kind](None if directory is None else Path(directory))
 
 
-# -- event loops -----------------------------------------------------------------------------
-
-# The loops every async test runs on (tests/conftest.py). A hypothesis test that runs its own
-# loop draws one per example, st.sampled_from(LOOP_NAMES), and runs on it with `run_on_loop`.
-LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-LOOP_NAMES = tuple(LOOP_FACTORIES)
-
-
-def run_on_loop(loop_name: str, main: Coroutine[Any, Any, Any]) -> Any:
-    """Run `main` on a fresh event loop of `loop_name` (a key of LOOP_FACTORIES); its result."""
-    with asyncio.Runner(loop_factory=LOOP_FACTORIES[loop_name]) as runner:
-        return runner.run(main)
-
-
 # -- operators -------------------------------------------------------------------------------
 
 
@@ -231,6 +214,26 @@ def run_python(code: str, *, pure: bool, timeout: float = 60) -> subprocess.Comp
         env["ASYNCSTATE_PURE_PYTHON"] = "1"
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# -- event loops ------------------------------------------------------------------------------
+
+# Every async test runs once per loop (tests/conftest.py). A hypothesis test that starts its
+# own loops draws one per example instead (`st.sampled_from(LOOP_NAMES)`), so both loops are
+# covered without running each example twice.
+LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+LOOP_NAMES = tuple(LOOP_FACTORIES)
+_T = TypeVar("_T")
+
+
+def run_on_loop(loop_name: str, main: Coroutine[Any, Any, _T]) -> _T:
+    """Run `main` on a new event loop of the kind `loop_name` names (a key of
+    LOOP_FACTORIES), as asyncio.run does on asyncio's own."""
+    with asyncio.Runner(loop_factory=LOOP_FACTORIES[loop_name]) as runner:
+        return runner.run(main)
 
 
 # -- waiting without sleeping ----------------------------------------------------------------

@@ -84,7 +84,6 @@ async def _check_case(backend: Any, kind: str, update: U, visibility: VIS,
     assert counts["s"] == (1 if update is DISABLED else 0)
 
 
-@pytest.mark.asyncio(loop_factories=["asyncio"])
 @pytest.mark.parametrize("backend", ["heap"], indirect=True)
 @pytest.mark.parametrize("case", MATRIX, ids=_case_id)
 async def test_matrix_on_the_heap(backend, case):
@@ -100,14 +99,12 @@ ROCKSDB_SLICE = [
 ]
 
 
-@pytest.mark.asyncio(loop_factories=["uvloop"])
 @pytest.mark.parametrize("backend", ["rocksdb", "remote0"], indirect=True)
 @pytest.mark.parametrize("case", ROCKSDB_SLICE, ids=_case_id)
 async def test_matrix_slice_on_rocksdb_and_the_batched_heap(backend, case):
     await _check_case(backend, *case)
 
 
-@pytest.mark.asyncio(loop_factories=["uvloop"])
 @pytest.mark.parametrize("backend", ["remote0-cache", "rocksdb-cache"], indirect=True)
 @pytest.mark.parametrize("case", ROCKSDB_SLICE, ids=_case_id)
 async def test_matrix_slice_behind_a_state_cache(backend, case):

@@ -188,12 +188,8 @@ async def test_values_a_manifest_claims_timestamped_but_are_not_fail_the_restore
         await _restore_and_read(kind, tmp_path, path, _config(100), 0, [0])
 
 
-def test_a_manifest_with_an_unknown_time_domain_is_refused(tmp_path):
-    async def snap() -> str:
-        return await _snapshot("heap", tmp_path, _config(100), [(0, KEYS)], 10)
-
-    import asyncio
-    path = asyncio.run(snap())
+async def test_a_manifest_with_an_unknown_time_domain_is_refused(tmp_path):
+    path = await _snapshot("heap", tmp_path, _config(100), [(0, KEYS)], 10)
     manifest = Path(path) / "part-1-0" / "_MANIFEST.json"
     data = json.loads(manifest.read_text())
     data["state_ttl"] = {"v": "wall_time"}

@@ -4,7 +4,6 @@ advances, and snapshots restored at another parallelism, on the heap and on Rock
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from shared_functions import LOOP_NAMES, run_on_loop, slow_examples
 from ttl_harness import Steps
 
 import asyncstate as ast
@@ -265,27 +264,29 @@ _modes = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans(),
 
 
 def _check(modes: tuple[bool, bool, bool, bool, int], ops: list[tuple[Any, ...]],
-           backends: Any) -> None:
+           backends: Any, loop: str) -> None:
     model = Model(*modes)
     with tempfile.TemporaryDirectory(prefix="asyncstate-ttl-model-") as tmp:
-        asyncio.run(_play(model, list(ops), backends, Path(tmp)))
+        run_on_loop(loop, _play(model, list(ops), backends, Path(tmp)))
 
 
 # ON_READ_AND_WRITE, chunks of 1: a read left after its first element refreshes that one only.
 _PARTIAL_READ = {"modes": (True, False, False, False, 1),
                  "ops": [("add_all", 0, 0, [1, 2, 3]), ("advance", 30), ("peek", 0, 0, 1),
-                         ("advance", 30), ("list", 0, 0)]}
+                         ("advance", 30), ("list", 0, 0)], "loop": "uvloop"}
+# Each example runs on an event loop it draws: both loops, at the cost of one.
+_loops = st.sampled_from(LOOP_NAMES)
 
 
 @settings(max_examples=slow_examples(40))
-@given(modes=_modes, ops=st.lists(_op, max_size=30))
+@given(modes=_modes, ops=st.lists(_op, max_size=30), loop=_loops)
 @example(**_PARTIAL_READ)
-def test_heap_matches_the_model(modes, ops):
-    _check(modes, ops, lambda path: ast.HeapBackend())
+def test_heap_matches_the_model(modes, ops, loop):
+    _check(modes, ops, lambda path: ast.HeapBackend(), loop)
 
 
 @settings(max_examples=slow_examples(15))
-@given(modes=_modes, ops=st.lists(_op, max_size=25))
+@given(modes=_modes, ops=st.lists(_op, max_size=25), loop=_loops)
 @example(**_PARTIAL_READ)
-def test_rocksdb_matches_the_model(modes, ops):
-    _check(modes, ops, lambda path: ast.RocksDBBackend(str(path)))
+def test_rocksdb_matches_the_model(modes, ops, loop):
+    _check(modes, ops, lambda path: ast.RocksDBBackend(str(path)), loop)

@@ -5,7 +5,6 @@ what the backend stores, not of what reads return."""
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import Sum, slow_examples
+from shared_functions import LOOP_NAMES, Boom, Sum, run_on_loop, slow_examples
 from ttl_harness import NOTHING, At, Steps, advance, play, stored_entries
 from ttl_harness import operator as make_operator
 
 import asyncstate as ast
-from asyncstate.state.ttl.timers import due_time
 
 TTL = 100
 BACKENDS = pytest.mark.parametrize("backend", ["heap", "rocksdb"], indirect=True)
@@ -418,14 +416,41 @@ async def test_timers_of_a_state_declared_without_cleanup_timers_after_a_restore
 # -- against a model -----------------------------------------------------------------------------
 
 KEYS_M = [0, 1, 2]
+MAX_TIME = 2**63 - 1
 _op = st.one_of(
-    st.tuples(st.just("set"), st.sampled_from(KEYS_M)),
-    st.tuples(st.just("add"), st.sampled_from(KEYS_M)),
-    st.tuples(st.just("put"), st.sampled_from(KEYS_M), st.sampled_from("ab")),
-    st.tuples(st.just("read"), st.sampled_from(KEYS_M)),
-    # Small steps too: entries of one key expiring a few milliseconds apart.
-    st.tuples(st.just("advance"), st.one_of(st.integers(1, 4), st.integers(1, 70))),
+    st.one_of(
+        st.tuples(st.just("set"), st.sampled_from(KEYS_M)),
+        st.tuples(st.just("add"), st.sampled_from(KEYS_M)),
+        st.tuples(st.just("put"), st.sampled_from(KEYS_M), st.sampled_from("ab")),
+        st.tuples(st.just("read"), st.sampled_from(KEYS_M)),
+    ),
+    # Time moves as often as records come. Small steps too: entries of one key expiring a
+    # few milliseconds apart. And to one millisecond before, at or after a boundary still
+    # ahead (the `i`-th of them, wrapping around): when something stored expires or its
+    # cleanup timer is due, where a timer one step early or late shows.
+    st.one_of(
+        st.tuples(st.just("advance"), st.one_of(st.integers(1, 4), st.integers(1, 70))),
+        st.tuples(st.just("boundary"), st.integers(0, 2), st.sampled_from([0, -1, 0, 1])),
+    ),
 )
+
+
+def _due(access: int, granularity: int) -> int:
+    """When the cleanup timer of an entry stamped `access` fires (docs/ttl.md, cleanup with
+    timers): its expiration, access + ttl clamped to 2**63 - 1, rounded up to a multiple of
+    the granularity, clamped again."""
+    expires = min(access + TTL, MAX_TIME)
+    return min((expires + granularity - 1) // granularity * granularity, MAX_TIME)
+
+
+def _moved(now: int, op: tuple[Any, ...], stored: dict[Any, int], granularity: int) -> int:
+    """The time an "advance" or "boundary" op moves time to (never backwards)."""
+    if op[0] == "advance":
+        return now + op[1]
+    _, i, offset = op
+    ahead = sorted({b + offset for t in stored.values() for b in (t + TTL, _due(t, granularity))
+                    if b + offset > now})
+    return ahead[i % len(ahead)] if ahead else now
 
 
 async def _model_step(s: Any, ctx: Any) -> Any:
@@ -443,10 +468,15 @@ async def _model_step(s: Any, ctx: Any) -> Any:
     return NOTHING
 
 
+async def _failing_step(s: Any, ctx: Any) -> Any:
+    await s.v.update(1)
+    raise ctx.record[3]
+
+
 async def _play_model(backend: Any, ops: list[tuple[Any, ...]], event_time: bool,
-                      refresh: bool, granularity: int | None) -> None:
+                      refresh: bool, granularity: int | None, fail: bool) -> None:
     config = _config(event_time=event_time, refresh=refresh, granularity=granularity)
-    step = granularity or TTL // 16
+    step = granularity or max(TTL // 16, 1)  # the default granularity (docs/ttl.md)
     fn = Steps(v=ast.ValueStateDescriptor("v", ttl=config),
                l=ast.ListStateDescriptor("l", ttl=config),
                m=ast.MapStateDescriptor("m", ttl=config))
@@ -454,53 +484,80 @@ async def _play_model(backend: Any, ops: list[tuple[Any, ...]], event_time: bool
     # (state, key, element) -> access time of what is stored
     stored: dict[tuple[Any, ...], int] = {}
     lists = 0
-    async with make_operator(fn, backend, event_time=event_time) as op:
-        await advance(op, 0, event_time)
-        for op_ in ops:
-            kind, key = op_[0], op_[1]
-            if kind == "advance":
-                now += op_[1]
-                await advance(op, now, event_time)
-                stored = {k: t for k, t in stored.items()
-                          if due_time(t, TTL, step) > now}
-                assert _count(backend, "vlm") == len(stored), (op_, stored)
-                continue
-            await op.process((key, _model_step, now, op_))
-            await op.drain()
-            if kind == "set":
-                stored["v", key] = now
-            elif kind == "add":
-                lists += 1
-                stored["l", key, lists] = now
-            elif kind == "put":
-                stored["m", key, op_[2]] = now
-            else:  # every read removes what has expired, refreshes the rest with refresh
-                for slot, t in list(stored.items()):
-                    if slot[1] != key:
-                        continue
-                    if t + TTL <= now:
-                        del stored[slot]
-                    elif refresh:
-                        stored[slot] = now
+    failure = Boom("the last record fails")
+    try:
+        async with make_operator(fn, backend, event_time=event_time) as op:
+            await advance(op, 0, event_time)
+            for op_ in ops:
+                kind, key = op_[0], op_[1]
+                if kind in ("advance", "boundary"):
+                    now = _moved(now, op_, stored, step)
+                    await advance(op, now, event_time)
+                    stored = {k: t for k, t in stored.items() if _due(t, step) > now}
+                    assert _count(backend, "vlm") == len(stored), (op_, stored)
+                    continue
+                await op.process((key, _model_step, now, op_))
+                await op.drain()
+                if kind == "set":
+                    stored["v", key] = now
+                elif kind == "add":
+                    lists += 1
+                    stored["l", key, lists] = now
+                elif kind == "put":
+                    stored["m", key, op_[2]] = now
+                else:  # every read removes what has expired, refreshes the rest with refresh
+                    for slot, t in list(stored.items()):
+                        if slot[1] != key:
+                            continue
+                        if t + TTL <= now:
+                            del stored[slot]
+                        elif refresh:
+                            stored[slot] = now
+            if fail:
+                # The run ends with a record that writes and then fails, and an advance far
+                # past every cleanup timer asked for before that record ran: the advance
+                # raises that record's exception, and no cleanup firing starts after it.
+                await op.process((0, _failing_step, now, failure))
+                with pytest.raises(Boom) as raised:
+                    if event_time:
+                        await op.advance_watermark(now + 2 * TTL)
+                    else:
+                        await op.advance_processing_time(now + 2 * TTL)
+                assert raised.value is failure
+                stored["v", 0] = now  # what the failing record wrote before it raised
+                assert _count(backend, "vlm") == len(stored), stored
+    except Boom as exc:
+        assert fail and exc is failure  # the exit of `async with` raises it once more
+    else:
+        assert not fail, "the exit of the failed run raised nothing"
 
 
-def _check(backend_factory: Any, ops: list[tuple[Any, ...]], modes: tuple[bool, bool],
-           granularity: int | None) -> None:
+def _check(backend_factory: Any, ops: list[tuple[Any, ...]], modes: tuple[bool, bool, bool],
+           granularity: int | None, loop: str) -> None:
+    event_time, refresh, fail = modes
     with tempfile.TemporaryDirectory(prefix="asyncstate-ttl-timers-") as tmp:
-        asyncio.run(_play_model(backend_factory(Path(tmp)), list(ops), *modes, granularity))
+        run_on_loop(loop, _play_model(backend_factory(Path(tmp)), list(ops), event_time,
+                                      refresh, granularity, fail))
 
 
-_modes = st.tuples(st.booleans(), st.booleans())
+# (event time, refresh on read, the run ends with a failing record)
+_modes = st.tuples(st.booleans(), st.booleans(), st.booleans())
 _granularity = st.sampled_from([1, 7, None])
+# Each example runs on an event loop it draws: both loops, at the cost of one.
+_loops = st.sampled_from(LOOP_NAMES)
+# Lists of at least 6 ops: hypothesis' lists average 5 items when none is required, too few
+# for time to reach what the records stored.
 
 
 @settings(max_examples=slow_examples(40))
-@given(ops=st.lists(_op, max_size=40), modes=_modes, granularity=_granularity)
-def test_heap_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity):
-    _check(lambda path: ast.HeapBackend(), ops, modes, granularity)
+@given(ops=st.lists(_op, min_size=6, max_size=40), modes=_modes, granularity=_granularity,
+       loop=_loops)
+def test_heap_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity, loop):
+    _check(lambda path: ast.HeapBackend(), ops, modes, granularity, loop)
 
 
 @settings(max_examples=slow_examples(15))
-@given(ops=st.lists(_op, max_size=30), modes=_modes, granularity=_granularity)
-def test_rocksdb_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity):
-    _check(lambda path: ast.RocksDBBackend(str(path / "db")), ops, modes, granularity)
+@given(ops=st.lists(_op, min_size=6, max_size=30), modes=_modes, granularity=_granularity,
+       loop=_loops)
+def test_rocksdb_stores_what_the_model_has_not_cleaned_up(ops, modes, granularity, loop):
+    _check(lambda path: ast.RocksDBBackend(str(path / "db")), ops, modes, granularity, loop)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_functions import slow_examples
+from shared_functions import LOOP_NAMES, Boom, run_on_loop, slow_examples
 
 import asyncstate as ast
 from asyncstate.serde import canonical_key
@@ -406,71 +406,128 @@ steps = st.lists(st.one_of(
 
 
 class Scripted(ast.KeyedProcessFunction):
-    """A record ("record", key, [(op, ts)]) adds/deletes event timers; on_timer emits the
-    firing and, for an odd timestamp, registers ts + 1 (fired in the same advance when the
-    watermark covers it)."""
+    """A record ("record", key, [(op, ts)]) emits ("record", key) and adds/deletes event
+    timers; on_timer emits the firing and, for an odd timestamp, registers ts + 1 (fired in
+    the same advance when the watermark covers it). Call number `fail_at` of either does
+    that and then raises `failure`."""
+
+    def __init__(self, fail_at: int | None) -> None:
+        self.fail_at = fail_at
+        self.calls = 0
+        self.failure = Boom(f"call {fail_at} fails")
+
+    def _called(self) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise self.failure
 
     def process_element(self, record: Any, ctx: ast.RecordContext) -> None:
+        ctx.emit(("record", ctx.current_key))
         service = ctx.timer_service
         for op, ts in record[2]:
             if op == "add":
                 service.register_event_time_timer(ts)
             else:
                 service.delete_event_time_timer(ts)
+        self._called()
 
     def on_timer(self, ts: int, ctx: ast.RecordContext) -> None:
         ctx.emit((ctx.current_key, ts))
         if ts % 2:
             ctx.timer_service.register_event_time_timer(ts + 1)
+        self._called()
 
 
-def model(script: list[Any]) -> list[list[tuple[str, int]]]:
-    """What each watermark advance fires, in order."""
+def model(script: list[Any], fail_at: int | None) -> tuple[list[Any], bool]:
+    """What Scripted(fail_at) emits, in order, with ("advanced", ts) once each advance has
+    returned; and whether the run fails. Call number `fail_at` fails the run once it has
+    emitted, and nothing starts after it: no record, no timer, not even those it registered
+    (docs/api.md: a failed run never starts a record still waiting, and every later call
+    raises the failure)."""
     timers: set[tuple[str, int]] = set()
     watermark = -(2**63)
-    fired: list[list[tuple[str, int]]] = []
+    emitted: list[Any] = []
+    calls = 0
     for step in script:
         if step[0] == "record":
+            emitted.append(("record", step[1]))
+            calls += 1
+            if calls == fail_at:
+                return emitted, True
             for op, ts in step[2]:
                 (timers.add if op == "add" else timers.discard)((step[1], ts))
             continue
         watermark = max(watermark, step[1])
-        out: list[tuple[str, int]] = []
         while True:
             due = sorted((ts, canonical_key(k), k) for k, ts in timers if ts <= watermark)
             if not due:
                 break
             ts, _, k = due[0]
             timers.discard((k, ts))
-            out.append((k, ts))
+            emitted.append((k, ts))
+            calls += 1
+            if calls == fail_at:
+                return emitted, True
             if ts % 2:
                 timers.add((k, ts + 1))
-        fired.append(out)
-    return fired
+        emitted.append(("advanced", step[1]))
+    return emitted, False
+
+
+def _firing_follows(events: list[Any], i: int) -> bool:
+    """Whether a timer fires after events[i] before the advance returns."""
+    for event in events[i + 1:]:
+        if event[0] == "advanced":
+            return False
+        if event[0] != "record":
+            return True
+    return False
 
 
 @settings(max_examples=slow_examples(25))
-@given(steps, st.sampled_from(sorted(BACKENDS)))
-def test_random_registers_deletes_records_and_watermarks_match_the_model(
-        tmp_path_factory: pytest.TempPathFactory, script: list[Any], backend: str) -> None:
+@given(steps, st.sampled_from(sorted(BACKENDS)), st.sampled_from(LOOP_NAMES), st.data())
+def test_random_registers_deletes_records_watermarks_and_failures_match_the_model(
+        tmp_path_factory: pytest.TempPathFactory, script: list[Any], backend: str,
+        loop: str, data: st.DataObject) -> None:
+    # Most examples fail, at one of the calls the script makes (records' process_element and
+    # on_timer together, counted from 1 in the order the model runs them); often at a call
+    # with a firing due after it in the same advance, which must then never start.
+    events = model(script, None)[0]
+    calls = [i for i, event in enumerate(events) if event[0] != "advanced"]
+    firing_after = [n for n, i in enumerate(calls, 1) if _firing_follows(events, i)]
+    fail_at = data.draw(st.one_of(st.none(), *(st.sampled_from(c) for c in
+                                               (range(1, len(calls) + 1), firing_after) if c)),
+                        label="fail_at")
     path = tmp_path_factory.mktemp("timers")
+    fn = Scripted(fail_at)
+    emitted: list[Any] = []
 
-    async def main() -> list[list[tuple[str, int]]]:
-        fired = []
-        async with operator(Scripted(), BACKENDS[backend](path / "db"),
-                            key_selector=lambda r: r[1], timestamp_selector=None) as op:
-            for step in script:
-                if step[0] == "record":
-                    await op.process(step)
-                else:
-                    await op.advance_watermark(step[1])
-                    fired.append(op.outputs())
-        return fired
+    async def main() -> None:
+        op = operator(fn, BACKENDS[backend](path / "db"), key_selector=lambda r: r[1],
+                      timestamp_selector=None)
+        try:
+            async with op:
+                for step in script:
+                    if step[0] == "record":
+                        await op.process(step)  # queued: records start from the loop
+                    else:
+                        await op.advance_watermark(step[1])
+                        emitted.extend(op.outputs())
+                        emitted.append(("advanced", step[1]))
+        finally:
+            emitted.extend(op.outputs())  # also what a failed run emitted before failing
 
     # A plain on_timer runs as soon as its firing starts (its key is free: records and
     # firings hold a key only while they run), so every backend fires in the model's order,
     # a synchronous timer service's: timestamp, then key bytes, covered timers included.
-    assert asyncio.run(main()) == model(script)
+    want, fails = model(script, fail_at)
+    if fails:
+        with pytest.raises(Boom) as raised:
+            run_on_loop(loop, main())  # on the loop the example drew
+        assert raised.value is fn.failure  # the call's own exception, not another
+    else:
+        run_on_loop(loop, main())
+    assert emitted == want
 
 
 def test_timers_work_where_rocksdict_is_not_installed() -> None:
