@@ -366,14 +366,40 @@ def ns_programs(draw: Any) -> list[tuple[Any, list[tuple[Any, ...]]]]:
     return records
 
 
-def _model_run(records: list[tuple[Any, list[tuple[Any, ...]]]]) -> list[Any]:
+# Stands for a result the docs leave open (see _model_run); it equals anything.
+class _Unspecified:
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "<unspecified>"
+
+
+UNSPECIFIED = _Unspecified()
+_ITERATING_READS = {("l", "get"), ("m", "entries"), ("m", "keys")}
+_WRITES = {"update", "add", "add_all", "clear", "put", "put_all", "remove"}
+
+
+def _model_run(records: list[tuple[Any, list[tuple[Any, ...]]]],
+               live_chunks: int | None = None) -> list[Any]:
+    """Each record's (key, reads) in order. With `live_chunks` (the chunk size of a backend
+    whose later chunks read the stored state live, RocksDB's), an iterating read of more
+    than one chunk that a later write of the same record to the same state and namespace
+    can reach before its later chunks load (reads not awaited) is UNSPECIFIED: the docs
+    leave it open (Backends, "Known difference from the heap")."""
     store: dict[tuple[str, str, bytes], Any] = {}
     outs = []
     for key, ops in records:
         got = []
-        for kind, ns, op, x, uk in ops:
+        for i, (kind, ns, op, x, uk) in enumerate(ops):
             slot = (kind, key, _canon(ns))
             cur = store.get(slot)
+            if (live_chunks is not None and (kind, op) in _ITERATING_READS
+                    and len(cur or ()) > live_chunks
+                    and any((k, _canon(n)) == (kind, _canon(ns)) and o in _WRITES
+                            for k, n, o, _x, _uk in ops[i + 1:])):
+                got.append(UNSPECIFIED)
+                continue
             if op == "clear":
                 store.pop(slot, None)
             elif kind == "v":
@@ -506,8 +532,13 @@ class NsProgram(Script):
        awaited=st.booleans(), chunk=st.sampled_from([1, 2, 1000]))
 def test_model_namespaces_every_kind_across_snapshot_restore(records, backend_a, backend_b,
                                                                cut, awaited, chunk):
-    expected = _model_run(records)
     cut = min(cut, len(records))
+    # Reads issued without awaiting let the record's later writes run before the later chunks
+    # of its iterations load; on RocksDB those chunks see the writes.
+    live = [None if awaited or "rocksdb" not in backend else chunk
+            for backend in (backend_a, backend_b)]
+    expected = (_model_run(records, live[0])[:cut]
+                + _model_run(records, live[1])[cut:])
     config = ast.AsyncStateConfig(iterator_chunk_size=chunk, batch_size=3)
 
     async def main() -> list[Any]:
