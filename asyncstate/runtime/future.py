@@ -202,17 +202,29 @@ class StateFuture(Generic[T]):
         completion `depth` links deep; returns the futures whose completion was deferred."""
         ctx = self._ctx
         deferred: list[StateFuture[Any]] | None = None
-        if self._cb_kind is not None:
+        kind = self._cb_kind
+        if kind is not None:
+            # The record whose contextvars the callbacks must enter (None: none to enter).
+            record = ctx if ctx is not None and not ctx.entered and ctx.vars is not None \
+                else None
+            if record is not None and kind == _FORWARD and self._more is None:
+                # A lone forward runs no user code, and a target of the same record enters
+                # its contextvars itself if it has callbacks (one Context.run less per
+                # record whose function returns a composed chain).
+                target: StateFuture[Any] = self._cb_target
+                if target._ctx is record:
+                    record = None
             try:
-                if ctx is None or ctx.entered or ctx.vars is None:
+                if record is None:
                     deferred = self._run_callbacks(depth)
                 else:
                     # RecordContext.run, inlined: callbacks run in the record's contextvars.
-                    ctx.entered = True
+                    record.entered = True
                     try:
-                        deferred = ctx.vars.run(_RUN_CALLBACKS, self, depth)
+                        deferred = record.vars.run(  # type: ignore[union-attr]
+                            _RUN_CALLBACKS, self, depth)
                     finally:
-                        ctx.entered = False
+                        record.entered = False
             except BaseException:
                 # A callback let a BaseException through (its other callbacks ran): this
                 # future is done all the same, so its reference on the record goes too.
