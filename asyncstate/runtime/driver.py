@@ -111,7 +111,13 @@ class RecordTask:
         if fut is not self._waiting:
             return
         self._waiting = None
-        self._ctx.run(self._driver._step, self._ctx, self._coro, self)
+        ctx = self._ctx
+        if ctx.entered or ctx.vars is None:
+            # Completing the future entered the record's contextvars already (the usual
+            # case): a direct call, without a bound method and an argument tuple per step.
+            self._driver._step(ctx, self._coro, self)
+        else:
+            ctx.run(self._driver._step, ctx, self._coro, self)
 
     def _deliver_cancel(self) -> None:
         if not self._done and self.real is None and self._must_cancel:
@@ -178,8 +184,9 @@ class UserCodeDriver:
         if tp is StateFuture:
             # A returned chain that fails later without a consumer is an unobserved failure
             # of its record, which fails the run when the record finishes: no hook needed.
-            if result._state == _FAILED:
-                self._fail(result.exception())
+            fut: StateFuture[Any] = result  # compiled: typed local (a native attribute read)
+            if fut._state == _FAILED:
+                self._fail(fut.exception())  # type: ignore[arg-type]
         elif tp is _CoroutineType:
             ctx.ref_count += 1  # the coroutine keeps its record in flight
             if self.always_task:
