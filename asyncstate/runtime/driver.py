@@ -23,7 +23,7 @@ import types
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
-from asyncstate.runtime.future import _CALL, _FAILED, _PENDING, StateFuture
+from asyncstate.runtime.future import _FAILED, _PENDING, _RESUME, StateFuture, Waiter
 from asyncstate.runtime.handover import Handover
 from asyncstate.runtime.stepping import FINISHED, step
 
@@ -75,7 +75,7 @@ def needs_task(fn: Callable[..., Any]) -> bool:
     return False
 
 
-class RecordTask:
+class RecordTask(Waiter):
     """The current task of a record's coroutine while it runs without an asyncio Task.
 
     Implements what asyncio's own context managers use: `cancel`, `cancelling`,
@@ -105,7 +105,7 @@ class RecordTask:
     def __repr__(self) -> str:
         return f"<RecordTask key={self._ctx.key!r} real={self.real!r}>"
 
-    def _resume(self, fut: StateFuture[Any]) -> None:
+    def resume_on(self, fut: StateFuture[Any]) -> None:
         """Step the coroutine again once the state future it awaited is done (unless a
         cancel stepped it on without that future)."""
         if fut is not self._waiting:
@@ -246,7 +246,7 @@ class UserCodeDriver:
         if type(yielded) is StateFuture and yielded._state == _PENDING:
             yielded._asyncio_future_blocking = False
             task._waiting = yielded
-            yielded._add(_CALL, task._resume, None)
+            yielded._add(_RESUME, None, task)
             return
         self._to_task(ctx, coro, yielded, task)
 
