@@ -31,7 +31,7 @@ class RecordRunner:
     """Prepares and runs the records of one operator (`operator` is what `ctx.emit` and
     `ctx.timer_service` reach)."""
 
-    __slots__ = ("_base_vars", "_controller", "_driver", "_key_selector", "_kg_end",
+    __slots__ = ("_base_vars", "_controller", "_dispose", "_driver", "_key_selector", "_kg_end",
                  "_kg_start", "_max_parallelism", "_on_timer", "_operator", "_parallelism",
                  "_index", "_process_element", "_run", "_run_timer", "_timestamp_selector",
                  "internal_timers", "record_hooks", "timers")
@@ -66,6 +66,7 @@ class RecordRunner:
         self.internal_timers: Callable[[int, Any], Any] | None = None
         self.timers: TimerService | None = None  # set once the operator's service is built
         # One bound method each, not one per record.
+        self._dispose = controller.dispose_context
         self._run = self.run_record
         self._run_timer = self.run_timer
 
@@ -83,7 +84,7 @@ class RecordRunner:
             if selected is not None:
                 ts = check_timestamp("timestamp", selected)
         return RecordContext(record, key, key_bytes, key_group,
-                             self._controller.dispose_context, ts, operator=self._operator)
+                             self._dispose, ts, operator=self._operator)
 
     def _foreign_key(self, key: Any, key_group: int) -> KeyGroupError:
         return KeyGroupError(
@@ -96,7 +97,7 @@ class RecordRunner:
         """The context of a timer firing: the timer's key and timestamp, `time_domain`, the
         timer as its record; it goes ahead of records waiting for the key (priority 1)."""
         ctx = RecordContext(timer, timer.key, timer.key_bytes, timer.key_group,
-                            self._controller.dispose_context, timer.timestamp, 1,
+                            self._dispose, timer.timestamp, 1,
                             operator=self._operator)
         ctx.time_domain = domain
         return ctx

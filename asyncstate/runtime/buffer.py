@@ -43,7 +43,9 @@ class StateRequestBuffer:
 
     def __init__(self, buffer_timeout_ms: int, on_timeout: Callable[[int], None],
                  scheduler: TimeoutScheduler | None) -> None:
-        self._active: deque[StateRequest] = deque()
+        # A list, not a deque: compiled code appends to a list natively, and a batch that
+        # takes every active request takes the list itself.
+        self._active: list[StateRequest] = []
         self._blocking: dict[bytes, deque[StateRequest]] = {}
         self._blocking_size = 0
         self.current_seq = 0
@@ -89,11 +91,11 @@ class StateRequestBuffer:
         """Remove and return up to `n` active requests, oldest first."""
         active = self._active
         if len(active) <= n:
-            batch = list(active)
-            active.clear()
-            return batch
-        popleft = active.popleft
-        return [popleft() for _ in range(n)]
+            self._active = []
+            return active
+        batch = active[:n]
+        del active[:n]
+        return batch
 
     def advance_seq(self) -> None:
         """Start a new batch generation (after a batch was sent)."""
@@ -146,8 +148,8 @@ class StateRequestBuffer:
 
     def drain_active(self) -> list[StateRequest]:
         """Remove and return every active request (closing)."""
-        requests = list(self._active)
-        self._active.clear()
+        requests = self._active
+        self._active = []
         return requests
 
     def drain_blocked(self) -> list[StateRequest]:

@@ -327,6 +327,12 @@ class AsyncExecutionController:
                     if ctx.ref_count == 0:
                         self.dispose_context(ctx)
                 return
+        self._start_later(ctx, run, allow_overdraft)
+
+    def _start_later(self, ctx: RecordContext, run: Callable[[RecordContext], Any],
+                     allow_overdraft: bool) -> None:
+        # Apart from start_record: a compiled function allocates the closure of its lambda
+        # at every call, also when the lambda is not reached.
         # The sync-point future holds a reference while its hook runs. It fails only when
         # the controller closes first: then the record never starts.
         fut: StateFuture[Any] = StateFuture(ctx)

@@ -23,7 +23,7 @@ import types
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
-from asyncstate.runtime.future import _CALL, _FAILED, _PENDING, StateFuture
+from asyncstate.runtime.future import _FAILED, _PENDING, _RESUME, StateFuture, Waiter
 from asyncstate.runtime.handover import Handover
 from asyncstate.runtime.stepping import FINISHED, step
 
@@ -75,7 +75,7 @@ def needs_task(fn: Callable[..., Any]) -> bool:
     return False
 
 
-class RecordTask:
+class RecordTask(Waiter):
     """The current task of a record's coroutine while it runs without an asyncio Task.
 
     Implements what asyncio's own context managers use: `cancel`, `cancelling`,
@@ -105,13 +105,19 @@ class RecordTask:
     def __repr__(self) -> str:
         return f"<RecordTask key={self._ctx.key!r} real={self.real!r}>"
 
-    def _resume(self, fut: StateFuture[Any]) -> None:
+    def resume_on(self, fut: StateFuture[Any]) -> None:
         """Step the coroutine again once the state future it awaited is done (unless a
         cancel stepped it on without that future)."""
         if fut is not self._waiting:
             return
         self._waiting = None
-        self._ctx.run(self._driver._step, self._ctx, self._coro, self)
+        ctx = self._ctx
+        if ctx.entered or ctx.vars is None:
+            # Completing the future entered the record's contextvars already (the usual
+            # case): a direct call, without a bound method and an argument tuple per step.
+            self._driver._step(ctx, self._coro, self)
+        else:
+            ctx.run(self._driver._step, ctx, self._coro, self)
 
     def _deliver_cancel(self) -> None:
         if not self._done and self.real is None and self._must_cancel:
@@ -178,8 +184,9 @@ class UserCodeDriver:
         if tp is StateFuture:
             # A returned chain that fails later without a consumer is an unobserved failure
             # of its record, which fails the run when the record finishes: no hook needed.
-            if result._state == _FAILED:
-                self._fail(result.exception())
+            fut: StateFuture[Any] = result  # compiled: typed local (a native attribute read)
+            if fut._state == _FAILED:
+                self._fail(fut.exception())  # type: ignore[arg-type]
         elif tp is _CoroutineType:
             ctx.ref_count += 1  # the coroutine keeps its record in flight
             if self.always_task:
@@ -239,7 +246,7 @@ class UserCodeDriver:
         if type(yielded) is StateFuture and yielded._state == _PENDING:
             yielded._asyncio_future_blocking = False
             task._waiting = yielded
-            yielded._add(_CALL, task._resume, None)
+            yielded._add(_RESUME, None, task)
             return
         self._to_task(ctx, coro, yielded, task)
 

@@ -72,10 +72,11 @@ _APPLY: Final = 0  # target <- fn(value)
 _ACCEPT: Final = 1  # fn(value); target <- None
 _COMPOSE: Final = 2  # target <- result of the future fn(value) returns
 _FORWARD: Final = 3  # target <- this future's outcome
-_CALL: Final = 4  # fn(future) (internal hooks: coroutine driver, combine_all, record end)
+_CALL: Final = 4  # fn(future) (internal hooks: record starts, iteration, then_combine)
 _ASYNCIO: Final = 5  # loop.call_soon(fn, future, context=target[1]) with target = (loop, context)
 _SETTLED: Final = 6  # fn(), without counting as looking at a failure (internal ordering gates)
 _GATHER: Final = 7  # target.one_done(future): one input of combine_all (target: a _Gather)
+_RESUME: Final = 8  # target.resume_on(future): a record's coroutine waits (target: a Waiter)
 
 # Links a completion runs down a chain of callbacks before it defers the rest to the
 # outermost completion (`StateFuture._complete_at`): each link takes a few interpreter frames
@@ -96,6 +97,18 @@ class _Nesting:
 
 
 _NESTING: Final = _Nesting()
+
+
+class Waiter:
+    """What waits on a pending future through a `_RESUME` callback: the coroutine driver's
+    stand-in task (`asyncstate.runtime.driver.RecordTask`). A compiled build calls
+    `resume_on` natively, where a hook would be a bound method allocated per await."""
+
+    __slots__ = ()
+
+    def resume_on(self, fut: StateFuture[Any]) -> None:
+        """`fut`, which this waiter waits on, completed."""
+        raise NotImplementedError
 
 
 class StateFuture(Generic[T]):
@@ -202,17 +215,29 @@ class StateFuture(Generic[T]):
         completion `depth` links deep; returns the futures whose completion was deferred."""
         ctx = self._ctx
         deferred: list[StateFuture[Any]] | None = None
-        if self._cb_kind is not None:
+        kind = self._cb_kind
+        if kind is not None:
+            # The record whose contextvars the callbacks must enter (None: none to enter).
+            record = ctx if ctx is not None and not ctx.entered and ctx.vars is not None \
+                else None
+            if record is not None and kind == _FORWARD and self._more is None:
+                # A lone forward runs no user code, and a target of the same record enters
+                # its contextvars itself if it has callbacks (one Context.run less per
+                # record whose function returns a composed chain).
+                target: StateFuture[Any] = self._cb_target
+                if target._ctx is record:
+                    record = None
             try:
-                if ctx is None or ctx.entered or ctx.vars is None:
+                if record is None:
                     deferred = self._run_callbacks(depth)
                 else:
                     # RecordContext.run, inlined: callbacks run in the record's contextvars.
-                    ctx.entered = True
+                    record.entered = True
                     try:
-                        deferred = ctx.vars.run(_RUN_CALLBACKS, self, depth)
+                        deferred = record.vars.run(  # type: ignore[union-attr]
+                            _RUN_CALLBACKS, self, depth)
                     finally:
-                        ctx.entered = False
+                        record.entered = False
             except BaseException:
                 # A callback let a BaseException through (its other callbacks ran): this
                 # future is done all the same, so its reference on the record goes too.
@@ -268,6 +293,12 @@ class StateFuture(Generic[T]):
             if self._state == _FAILED:
                 self._observed = True
             fn(self)
+            return None
+        if kind == _RESUME:
+            if self._state == _FAILED:
+                self._observed = True
+            waiter: Waiter = target
+            waiter.resume_on(self)
             return None
         if kind == _SETTLED:
             # `_fail` skipped noting the failure because this callback exists; note it here,
