@@ -150,7 +150,8 @@ class _MapOverlay:
 class _TtlPoint:
     """A point read of a TTL state answered from the multi-get: the request's index, its
     TtlRead, the key read (with its column family) and, once read, the stored bytes (once
-    its refresh is deferred, the bytes the read found)."""
+    its refresh is deferred, the bytes the read found; None again once a write of the key
+    dropped the refresh, and on a point that shows a removal)."""
 
     __slots__ = ("contains", "handle", "index", "key", "raw", "read")
 

@@ -126,9 +126,14 @@ def _current(handle: _StateHandle, key: bytes, raw: bytes | None) -> bytes | Non
 def _forget(handle: _StateHandle, key: bytes) -> None:
     """Drop the deferred refresh of `key`, if any (it is overwritten or removed)."""
     refreshes = handle.refreshes
-    # `in` and `del`: native dict operations in the compiled build (`pop` is a method call).
-    if refreshes is not None and key in refreshes:
-        del refreshes[key]
+    if refreshes is not None:
+        # `get` and `del`: native dict operations in the compiled build (`pop` is a method
+        # call).
+        point = refreshes.get(key)
+        if point is not None:
+            del refreshes[key]
+            # Nothing to write: its age then passes it over without looking it up.
+            point.raw = None
 
 
 class _Effects:
@@ -541,6 +546,8 @@ def _write_shown(effects: _Effects, point: _TtlPoint) -> bool:
     """Put the deferred refresh of `point` into `effects`, unless the key was overwritten,
     removed or refreshed again since, and leave it shown on its handle; True if it was
     written."""
+    if point.raw is None:  # dropped (see `_forget`)
+        return False
     refreshes = point.handle.refreshes
     if refreshes is not None and refreshes.get(point.key) is point:
         _write(effects, point.key, _refreshed(point), point.handle)
