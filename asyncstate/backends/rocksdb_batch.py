@@ -6,11 +6,14 @@ batch is answered from an overlay of the batch's writes; other point reads are c
 column family. An iteration of a (key, namespace) that the batch wrote earlier is placed after
 that write, so phase 3 runs it once the write is applied.
 
-A read of a TTL state (its payload a `TtlRead`) may rewrite or remove what it reads, so it
-counts as a write of its key for later batches. A point read is answered in phase 3 from the
-multi-get, before the batch's writes (`_TtlPoint`): when the batch wrote that key (or
-iterated that map with TTL) earlier, it becomes a step of its own instead, run at its place
-among the batch's writes (a "late read", a `_Cursor` of a point read type).
+A read of a TTL state (its payload a `TtlRead`) may rewrite or remove what it reads. An
+iteration therefore counts as a write of its (key, namespace) for later batches. A point read
+is answered in phase 3 from the multi-get, before the batch's writes (`_TtlPoint`), and later
+batches do not wait for it: its refresh is kept back on the state's handle and its removal
+shown there (`asyncstate.backends.rocksdb_ttl`), where their reads find them. When the batch
+wrote that key (or iterated that map with TTL) earlier, the point read becomes a step of its
+own instead, run at its place among the batch's writes (a "late read", a `_Cursor` of a point
+read type): the batch's write already makes later batches wait.
 
 Everything here is internal to the RocksDB backend modules.
 """
@@ -147,7 +150,8 @@ class _MapOverlay:
 class _TtlPoint:
     """A point read of a TTL state answered from the multi-get: the request's index, its
     TtlRead, the key read (with its column family) and, once read, the stored bytes (once
-    its refresh is deferred, the bytes the read found)."""
+    its refresh is deferred, the bytes the read found; None again once a write of the key
+    dropped the refresh, and on a point that shows a removal)."""
 
     __slots__ = ("contains", "handle", "index", "key", "raw", "read")
 
@@ -175,7 +179,7 @@ class _Touched:
         # prefixes of the map entries read; only filled while an earlier batch is unapplied
         self.read: set[bytes] = set()
         # Writes of a list or map state: prefix -> WriteBatch segment of its latest write.
-        # Also the prefixes a TTL read may rewrite (of any kind: later batches wait for them).
+        # Also the prefixes a TTL iteration may rewrite (later batches wait for them).
         self.written: dict[bytes, int] = {}
         # Writes of a value-kind state: prefix -> the stored value written (None: removed),
         # also the overlay later reads of the batch are answered from.
@@ -228,9 +232,6 @@ def _overlaps(job: _Job, earlier: _Job) -> bool:
         if handle.kind in _VALUE_KINDS:
             values = other.values
             if values and any(key in values for key in touched.keys):
-                return True
-            written = other.written  # prefixes TTL reads may rewrite
-            if written and any(key in written for key in touched.keys):
                 return True
             continue
         read = touched.read
@@ -405,8 +406,6 @@ def _plan_ttl_point(job: _Job, i: int, cat: int, handle: _StateHandle, touched: 
     the batch wrote this key (or a TTL iteration may have rewritten it) earlier, the late
     read to run as a step of its own."""
     key = prefix if cat == _CAT_GET else prefix + read.arg
-    # A TTL read may rewrite its key: later batches wait (the -1 is no WriteBatch segment).
-    touched.written.setdefault(prefix, -1)
     iterated = touched.ttl_iterated
     if (touched.values and prefix in touched.values) \
             or (touched.maps and prefix in touched.maps) \

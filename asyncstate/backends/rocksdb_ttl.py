@@ -29,6 +29,13 @@ when it was written has been applied (`RocksTtl.shown`). Without that, a read wh
 ran before the write would find the timestamp from before the refresh, and could find a live
 entry expired (and remove it, with cleanup on read).
 
+Later batches do not wait for a job's point reads either (their refreshes are kept back on
+the handle): an expired entry such a read removes (cleanup on read) is written with the
+job's effects, and is shown removed on its handle to the jobs behind it in the lane in the
+same way (`_Effects.show_removal`). Without that, a read whose multi-get ran before the
+removal, issued at an earlier "now" (the wall clock stepped back) or returning expired
+entries, would find the removed entry (and, refreshing it, store it again).
+
 Incremental cleanup runs as a job of the backend's own in the lane (`RocksTtl.run_steps`),
 so it is ordered with the batches around it; its cursor is a remembered key, and every scan
 is a bounded one (`asyncstate.backends.rocksdb_scan`): no iterator outlives a step. The
@@ -119,9 +126,14 @@ def _current(handle: _StateHandle, key: bytes, raw: bytes | None) -> bytes | Non
 def _forget(handle: _StateHandle, key: bytes) -> None:
     """Drop the deferred refresh of `key`, if any (it is overwritten or removed)."""
     refreshes = handle.refreshes
-    # `in` and `del`: native dict operations in the compiled build (`pop` is a method call).
-    if refreshes is not None and key in refreshes:
-        del refreshes[key]
+    if refreshes is not None:
+        # `get` and `del`: native dict operations in the compiled build (`pop` is a method
+        # call).
+        point = refreshes.get(key)
+        if point is not None:
+            del refreshes[key]
+            # Nothing to write: its age then passes it over without looking it up.
+            point.raw = None
 
 
 class _Effects:
@@ -129,14 +141,16 @@ class _Effects:
     changed key holds afterwards, by state and key (None: removed; a deferred refresh is
     found through the state's handle instead: states of one key and namespace share key
     bytes, each in its column family), and, with `young` (the backend's list of this job's
-    deferred refreshes), point reads whose refreshes are kept back instead of written."""
+    deferred refreshes), point reads whose refreshes are kept back instead of written, and
+    whose removals are shown (`removals`)."""
 
-    __slots__ = ("latest", "wb", "young")
+    __slots__ = ("latest", "removals", "wb", "young")
 
     def __init__(self, young: list[_TtlPoint] | None = None) -> None:
         self.wb: rocksdict.WriteBatch | None = None
         self.latest: dict[tuple[_StateHandle, bytes], bytes | None] = {}
         self.young = young
+        self.removals: list[_TtlPoint] | None = None
 
     def defer(self, point: _TtlPoint) -> None:
         """Keep back the refresh of `point`'s read (`point.raw` is what it found)."""
@@ -148,6 +162,15 @@ class _Effects:
         young = self.young
         assert young is not None
         young.append(point)
+
+    def show_removal(self, key: bytes, handle: _StateHandle) -> None:
+        """Show the removal of `key` (a point read's, just deleted) on its handle: the
+        multi-gets of the jobs behind this one did not wait for it (`RocksTtl.settle` keeps
+        it shown while they are applied)."""
+        removals = self.removals
+        if removals is None:
+            removals = self.removals = []
+        removals.append(_show_removal(handle, key))
 
     def put(self, key: bytes, value: bytes, handle: _StateHandle) -> None:
         self.latest[handle, key] = value
@@ -185,6 +208,8 @@ def _point(read: TtlRead, raw: bytes | None, key: bytes, handle: _StateHandle,
                 effects.put(key, encode(read.access, raw[_HEADER_SIZE:]), handle)
     elif policy.cleanup_on_read:
         effects.delete(key, handle)
+        if deferred is not None:
+            effects.show_removal(key, handle)
     return found
 
 
@@ -383,16 +408,8 @@ class RocksTtl:
         those read the column family when the lane applies them."""
         if not behind:
             return
-        shown: list[_TtlPoint] = []
-        for handle, key in removed:
-            if handle.kind is StateKind.LIST:
-                continue
-            refreshes = handle.refreshes
-            if refreshes is None:
-                refreshes = handle.refreshes = {}
-            removal = _TtlPoint(-1, _REMOVAL, handle, key, False)
-            refreshes[key] = removal  # its raw bytes stay None: the key holds nothing
-            shown.append(removal)
+        shown = [_show_removal(handle, key) for handle, key in removed
+                 if handle.kind is not StateKind.LIST]
         if shown:
             self._show(shown, self.applied + behind)
 
@@ -422,7 +439,7 @@ class RocksTtl:
     def settle(self, job: _Job, effects: _Effects) -> None:
         """Before a job's own writes: drop the deferred refreshes its writes overwrite, put
         those of keys it rewrites by range (a list or map it clears or replaces) and those
-        that grew old into `effects`."""
+        that grew old into `effects`, and show the removals of its point reads."""
         touched_all = job.touched
         for handle, touched in touched_all.items():
             if handle.refreshes is None:
@@ -439,6 +456,11 @@ class RocksTtl:
                     if segment >= 0:
                         _flush_prefix(handle, prefix, effects)
         applied = self.applied
+        if effects.removals is not None:
+            # Removed by this job's point reads: shown to the jobs behind it, whose multi-gets
+            # did not wait for this job (see `_Effects.show_removal`).
+            self._show(effects.removals, applied + self.waiting)
+            effects.removals = None
         shown = self.shown
         if shown:
             # The jobs that were in the lane when these were written have all been applied
@@ -524,11 +546,23 @@ def _write_shown(effects: _Effects, point: _TtlPoint) -> bool:
     """Put the deferred refresh of `point` into `effects`, unless the key was overwritten,
     removed or refreshed again since, and leave it shown on its handle; True if it was
     written."""
+    if point.raw is None:  # dropped (see `_forget`)
+        return False
     refreshes = point.handle.refreshes
     if refreshes is not None and refreshes.get(point.key) is point:
         _write(effects, point.key, _refreshed(point), point.handle)
         return True
     return False
+
+
+def _show_removal(handle: _StateHandle, key: bytes) -> _TtlPoint:
+    """Show `key` removed on `handle` (`_current` finds it empty); the point that shows it."""
+    refreshes = handle.refreshes
+    if refreshes is None:
+        refreshes = handle.refreshes = {}
+    removal = _TtlPoint(-1, _REMOVAL, handle, key, False)
+    refreshes[key] = removal  # its raw bytes stay None: the key holds nothing
+    return removal
 
 
 def _unshow(point: _TtlPoint) -> None:

@@ -208,6 +208,37 @@ def test_a_refresh_written_out_while_a_later_multi_get_of_its_key_runs_stays_vis
     assert lane.results[id(d)] == [found]
 
 
+@pytest.mark.parametrize("case", list(
+    ["refreshing-read-issued-at-90", "merge-read-issued-at-90", "return-expired-read-at-150"]))
+@pytest.mark.parametrize("t", list(FOUND), ids=lambda t: t.name)
+def test_a_read_queued_behind_a_read_that_removed_its_entry_finds_it_removed(lane, t, case):
+    """Later batches do not wait for a batch's TTL point reads, so a read of "k" queued behind
+    a read that found it expired at 150 and removed it (cleanup on read) has its multi-get run
+    first, reading the entry's bytes. It must find nothing all the same: fails if the removal
+    were not shown to the batches behind it (the read issued at 90, as by a wall clock that
+    stepped back, returns the removed value and stores it again with its refresh; the one
+    that may return expired entries returns it), or shown only to the first one (here one of
+    another key)."""
+    policy, now = {"refreshing-read-issued-at-90": (POLICY, 90),
+                   "merge-read-issued-at-90": (MERGING, 90),
+                   "return-expired-read-at-150": (RETURNING, 150)}[case]
+    lane.submit(write(lane, t, "k"))  # expires at 100
+    lane.step()
+    lane.hold()
+    a = lane.submit(read(lane, t, "k", 150))
+    lane.submit(request(lane.other, T.VALUE_GET, None, "between"))
+    b = lane.submit(read(lane, t, "k", now, policy))
+    lane.settle()
+    assert lane.results[id(a)] == [ABSENT[t]]
+    assert lane.results[id(b)] == [ABSENT[t]]
+    c = lane.submit(read(lane, t, "k", 180))
+    lane.settle()
+    assert lane.results[id(c)] == [ABSENT[t]]
+    assert lane.stored("k") == []
+    # The removal is shown to later reads only while the jobs queued behind it run.
+    assert not lane.backend._handles[name_of(t)].refreshes
+
+
 # -- TTL cleanup in the lane ------------------------------------------------------------------
 #
 # An incremental cleanup step, and the background cleaner's removal of the expired entries a

@@ -23,9 +23,12 @@ state asked, whenever it executes the read.
 from __future__ import annotations
 
 import struct
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from asyncstate._compiled import mypyc_attr
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 from asyncstate.serde import check_value_bytes, stored_to_bytes
 
 __all__ = [
@@ -198,11 +201,18 @@ def timestamp_of(data: bytes) -> int:
                          f"{HEADER!r}, an 8-byte timestamp, then the value's msgpack bytes)")
     if data[2] < 0x40:
         # A timestamp in [0, 2**62), all there is in practice: read the bytes one by one
-        # (the compiled build keeps the int unboxed; unpacking would build a tuple).
-        ts = 0
-        for i in range(2, HEADER_SIZE):
-            ts = (ts << 8) | data[i]
-        return ts
+        # (unpacking would build a tuple and an int object). In the compiled build `ts` is a
+        # C int64 (`i64`), whose shifts cannot overflow here and are plain instructions (an
+        # int's are calls that check for overflow); with constant indexes each byte is a
+        # plain load.
+        ts: i64 = data[2]
+        ts = ts << 8 | data[3]
+        ts = ts << 8 | data[4]
+        ts = ts << 8 | data[5]
+        ts = ts << 8 | data[6]
+        ts = ts << 8 | data[7]
+        ts = ts << 8 | data[8]
+        return ts << 8 | data[9]
     return int(_unpack_ts(data, 2)[0])
 
 
