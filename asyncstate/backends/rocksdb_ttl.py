@@ -225,13 +225,21 @@ def apply_points(points: list[_TtlPoint], results: list[Any], effects: _Effects)
     what they change in `effects` (written before the job's own writes, refreshes kept
     back)."""
     latest = effects.latest
-    for p in points:
-        key = p.key
-        changed = (p.handle, key) if latest else None
-        raw = latest[changed] if changed is not None and changed in latest \
-            else _current(p.handle, key, p.raw)
-        found = _point(p.read, raw, key, p.handle, effects, p)
-        results[p.index] = _answer(found, raw, p.contains)
+    try:
+        for p in points:
+            key = p.key
+            changed = (p.handle, key) if latest else None
+            raw = latest[changed] if changed is not None and changed in latest \
+                else _current(p.handle, key, p.raw)
+            found = _point(p.read, raw, key, p.handle, effects, p)
+            results[p.index] = _answer(found, raw, p.contains)
+    except BaseException:
+        # The job fails before its effects are written: the removals its reads showed on
+        # their handles never happen, so later reads must find the stored entries again.
+        for removal in effects.removals or ():
+            _unshow(removal)
+        effects.removals = None
+        raise
 
 
 def _open_cf(handle: _StateHandle) -> rocksdict.Rdict:
@@ -446,8 +454,12 @@ class RocksTtl:
                 continue
             for key in touched.values:  # value kinds: puts and deletes of these keys
                 _forget(handle, key)
+            iterated = touched.ttl_iterated
             for prefix, overlay in touched.maps.items():
-                if overlay.cleared:
+                # An iteration of the job may reach an entry before the job's write of it
+                # does: it must judge the entry by its refreshed timestamp, so the refreshes
+                # are written first, as for a map the job clears.
+                if overlay.cleared or (iterated is not None and prefix in iterated):
                     _flush_prefix(handle, prefix, effects)
                 for user_key in overlay.entries:
                     _forget(handle, prefix + user_key)

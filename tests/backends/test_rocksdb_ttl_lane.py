@@ -375,3 +375,90 @@ def test_a_value_written_again_around_a_cleanup_removal_survives(lane, cleanup, 
     d = lane.submit(read(lane, t, "k", 270))  # refreshed at 180 by c
     lane.settle()
     assert lane.results[id(d)] == [FOUND[t] if t is T.MAP_CONTAINS else expect]
+
+
+# -- a job's iteration between its point read and its write; a job failing in its reads --------
+
+@pytest.mark.parametrize("case", ["event-time-late-record", "wall-clock-moves"])
+def test_iteration_between_a_point_read_and_a_write_sees_the_refresh(tmp_path: Path,
+                                                                      case: str) -> None:
+    """One record's calls, not awaited: get(e), entries(), put(e). The iteration comes
+    before the write, so it judges e by the refresh of the get (kept back), not by the stored
+    timestamp. Event time, a late record: e stored at 50, the get at watermark 140 with access
+    30 refreshes it to 30, so the iteration finds it expired (130 <= 140). Wall clock: the
+    get at 99 refreshes e stored at 0, so the iteration at 101 still finds it."""
+    stored_ts, get_now, get_access, it_now, it_access, want = {
+        "event-time-late-record": (50, 140, 30, 140, 30, []),
+        "wall-clock-moves": (0, 99, 99, 101, 101, [("e", "x")]),
+    }[case]
+    lane = Lane(tmp_path / "db")
+    try:
+        lane.submit(request(lane.m, T.MAP_PUT, (ENTRY, TtlValue(stored_ts, to_stored("x", "m"))),
+                            "k"))
+        lane.settle()
+        batch = lane.submit(
+            request(lane.m, T.MAP_GET, TtlRead(POLICY, get_now, get_access, ENTRY), "k"),
+            request(lane.m, T.MAP_ITER, TtlRead(POLICY, it_now, it_access, None), "k"),
+            request(lane.m, T.MAP_PUT, (ENTRY, TtlValue(it_access, to_stored("y", "m"))), "k"))
+        lane.settle()
+        got = lane.results[id(batch)]
+        assert got[0] == "x"
+        assert got[1].items == want
+    finally:
+        lane.close()
+
+
+def test_iteration_before_a_write_sees_a_refresh_an_earlier_batch_kept_back(
+        tmp_path: Path) -> None:
+    lane = Lane(tmp_path / "db")
+    try:
+        lane.submit(request(lane.m, T.MAP_PUT, (ENTRY, TtlValue(0, to_stored("x", "m"))), "k"))
+        lane.settle()
+        a = lane.submit(request(lane.m, T.MAP_GET, TtlRead(POLICY, 99, 99, ENTRY), "k"))
+        lane.settle()
+        assert lane.results[id(a)] == ["x"]
+        assert lane.backend._handles["m"].refreshes  # kept back
+        b = lane.submit(
+            request(lane.m, T.MAP_ITER, TtlRead(POLICY, 101, 101, None), "k"),
+            request(lane.m, T.MAP_PUT, (ENTRY, TtlValue(101, to_stored("y", "m"))), "k"))
+        lane.settle()
+        assert lane.results[id(b)][0].items == [("e", "x")]  # refreshed at 99: lives to 199
+    finally:
+        lane.close()
+
+
+def _damage(lane: Lane, key: str) -> tuple[Any, bytes]:
+    """Store bytes without a TTL header under `key` of state "v": a read of them fails."""
+    handle = lane.backend._handles["v"]
+    ctx = record_context(key)
+    stored = lane.backend._kg_prefix[ctx.key_group] + ctx.key_bytes + canonical_key(None)
+    handle.cf.put(stored, b"garbage-not-timestamped")
+    return handle, stored
+
+
+def test_a_job_failing_in_its_point_reads_shows_no_removal(tmp_path: Path) -> None:
+    """The job's first read finds k expired (cleanup on read removes it), its second read
+    fails: the job's effects are never written, so k is still stored and must not be shown
+    removed to later reads."""
+    lane = Lane(tmp_path / "db")
+    try:
+        lane.submit(write(lane, T.VALUE_GET, "k"))  # at 0: expires at 100
+        lane.settle()
+        handle, stored = _damage(lane, "k2")
+        batch = lane.submit(read(lane, T.VALUE_GET, "k", 150), read(lane, T.VALUE_GET, "k2", 150))
+        lane.settle()
+        assert isinstance(lane.results[id(batch)], Exception)
+        assert not lane.backend._ttl.shown
+        assert not handle.refreshes
+        handle.cf.delete(stored)
+        # k, written at 0, is stored: an incremental cleanup step at 50 passes it over (it
+        # read it as removed before), and a read at 60 finds it alive.
+        lane.clean("incremental", "v", 0)
+        lane.remove("incremental", "v", 50, None)
+        lane.settle()
+        lane.hold()
+        c = lane.submit(read(lane, T.VALUE_GET, "k", 60, POLICY))
+        lane.settle()
+        assert lane.results[id(c)] == ["x"]
+    finally:
+        lane.close()

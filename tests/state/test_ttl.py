@@ -8,7 +8,7 @@ import itertools
 from typing import Any
 
 import pytest
-from shared_functions import Sum
+from shared_functions import Sum, new_backend
 from ttl_harness import NOTHING, At, Steps, advance, play, run, stored_entries, ttl
 from ttl_harness import operator as make_operator
 
@@ -808,3 +808,45 @@ def test_timestamped_bytes_carry_any_int64_timestamp_and_are_one_msgpack_value(t
     assert decode_value(data) == [ts, "x"]  # checkpoints read it as the pair
     with pytest.raises(ValueError, match=r"^stored bytes b'\\x92\\x05x' are not a "):
         timestamp_of(b"\x92\x05x")
+
+
+class _GetIterPut(ast.KeyedProcessFunction):
+    """A record of kind "read" calls get(a), entries() and put(a) without awaiting between."""
+
+    def __init__(self, config: ast.StateTtlConfig) -> None:
+        self.config = config
+
+    def open(self, ctx: Any) -> None:
+        self.m = ctx.get_map_state(ast.MapStateDescriptor("m", ttl=self.config))
+
+    async def process_element(self, record: Any, ctx: Any) -> None:
+        if record[2] == "put":
+            await self.m.put("a", "x")
+            return
+        got = self.m.get("a")
+        entries = self.m.entries()
+        put = self.m.put("a", "y")
+        ctx.emit((await got, sorted(await (await entries).to_list())))
+        await put
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "remote0-rocksdb"])
+async def test_an_iteration_between_a_read_and_a_write_judges_by_the_reads_refresh(
+        backend: str, tmp_path: Any) -> None:
+    """Event time, a late record: "a" was written at 50; at watermark 140 a record of time
+    30 reads it (alive until 150) and so refreshes it to 30, which makes it expired (130 <=
+    140) for the entries() that follows, before the record's put."""
+    config = (ast.StateTtlConfig.new_builder(100).update_ttl_on_read_and_write()
+              .set_ttl_time_characteristic(ast.TtlTimeCharacteristic.EVENT_TIME)
+              .disable_cleanup_in_background().build())
+    async with ast.KeyedOperator(_GetIterPut(config), key_selector=lambda r: r[0],
+                                 timestamp_selector=lambda r: r[1],
+                                 backend=new_backend(backend, tmp_path),
+                                 config=ast.AsyncStateConfig(batch_size=8)) as op:
+        await op.advance_watermark(0)
+        await op.process(("k", 50, "put"))
+        await op.drain()
+        await op.advance_watermark(140)
+        await op.process(("k", 30, "read"))
+        await op.drain()
+        assert op.outputs() == [("x", [])]
