@@ -230,10 +230,10 @@ class KeyedOperator:
         return controller
 
     def _ready_to_admit(self) -> None:
-        """As `_ready`, for a record from outside the operator: refused too once a clean
-        exit of `async with` has begun (its drain might not wait for the record)."""
+        """As `_ready`; a record from outside the operator's records is refused too once a
+        clean exit of `async with` has begun (its drain might not wait for the record)."""
         self._ready()
-        if self._exiting:
+        if self._exiting and self._own_record() is None:
             raise InvalidStateError(
                 f"{self!r} is closing: its `async with` block has ended, and a record given "
                 "now would not be processed; feed records inside the block")
@@ -264,10 +264,7 @@ class KeyedOperator:
         one of this operator's records, it admits at once, even beyond `max_in_flight`:
         waiting there could wait for the calling record itself.
         """
-        if self._own_record() is None:
-            self._ready_to_admit()
-        else:
-            self._ready()
+        self._ready_to_admit()
         gate = self._gate
         assert self._records is not None and gate is not None
         ctx = self._records.prepare(record)

@@ -26,10 +26,10 @@ import struct
 from typing import TYPE_CHECKING, Any, Final
 
 from asyncstate._compiled import mypyc_attr
+from asyncstate.serde import check_value_bytes, stored_to_bytes
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
-from asyncstate.serde import check_value_bytes, stored_to_bytes
 
 __all__ = [
     "EXPIRED_HIDDEN",
