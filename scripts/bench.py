@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import rocksdict
 import structlog
 from rich.console import Console
@@ -814,7 +815,7 @@ def rocksdb(bench: Bench) -> dict[str, Any]:
 
     if args.cache_keys:
         return rocksdb_cache_table(bench, arm, records=n_records, repeats=repeats,
-                                   max_seconds=max_seconds)
+                                   max_seconds=max_seconds, options=rocksdb_options)
 
     arms: dict[str, Callable[[float], RunResult]] = {
         ROCKSDB_UNBATCHED: arm(1, on_rocksdb=True),
@@ -926,8 +927,77 @@ def cache_entries_for(n_keys: int) -> int:
     return max(n_keys // 100, ROCKSDB_CACHE_MIN_ENTRIES)
 
 
+def rocksdict_floor_arm(bench: Bench, keys: Sequence[int], choose: Callable[[int], list[int]],
+                        options: ast.RocksDBOptions) -> Callable[[float], RunResult]:
+    """The storage work of the keyed counter on RocksDB, with nothing of asyncstate: per
+    1000 records, one multi-get of their distinct keys and one WriteBatch of their new counts,
+    on one thread, into a fresh database with `options` and the value state's column family
+    options. Keys are laid out as `RocksDBBackend` lays them out (key group, key bytes,
+    namespace bytes) and encoded before the clock starts. Reports the seconds spent in the
+    multi-gets (`read_seconds`) and in building and applying the WriteBatches
+    (`write_seconds`), which rocksdict runs holding the GIL: no design over rocksdict can
+    take the writes off the thread that runs the records."""
+    max_parallelism = ast.AsyncStateConfig().max_parallelism
+    n_records = len(keys)
+
+    def storage_key(key: int) -> bytes:
+        raw = canonical_key(key)
+        return key_group_of_bytes(raw, max_parallelism).to_bytes(2, "big") + raw + NONE_BYTES
+
+    def run(deadline: float) -> RunResult:
+        encoded = {key: storage_key(key) for key in set(keys)}
+        stream = [encoded[key] for key in keys]
+        packb, unpackb = msgpack.Packer(use_bin_type=True).pack, msgpack.unpackb
+        clock = time.perf_counter
+        read_seconds = write_seconds = 0.0
+        with tempfile.TemporaryDirectory(prefix="asyncstate-bench-rocksdict-") as tmp:
+            db_options, write_options = options.to_rocksdict()
+            db = rocksdict.Rdict(str(Path(tmp) / "db"), db_options)
+            try:
+                cf = db.create_column_family("state:count", options.family_options(True))
+                handle = db.get_column_family_handle("state:count")
+                fed = 0
+                started = clock()
+                while fed < n_records:
+                    end = min(n_records, fed + CHUNK)
+                    for start in range(fed, end, ROCKSDB_BATCH_SIZE):
+                        batch = stream[start:min(end, start + ROCKSDB_BATCH_SIZE)]
+                        distinct = list(dict.fromkeys(batch))
+                        t0 = clock()
+                        stored: list[bytes | None] = cf.get(distinct)  # type: ignore[arg-type,assignment]
+                        t1 = clock()
+                        counts = {k: 0 if v is None else unpackb(v)
+                                  for k, v in zip(distinct, stored, strict=True)}
+                        for k in batch:
+                            counts[k] += 1
+                        t2 = clock()
+                        wb = rocksdict.WriteBatch(raw_mode=True)
+                        for k, count in counts.items():
+                            wb.put(k, packb(count), handle)
+                        db.write(wb, write_options)
+                        read_seconds += t1 - t0
+                        write_seconds += clock() - t2
+                    bench.tick(end - fed)
+                    fed = end
+                    if clock() >= deadline:
+                        break
+                seconds = clock() - started
+                sample = choose(fed)
+                values: list[bytes | None] = cf.get(  # type: ignore[assignment]
+                    [encoded.get(k) or storage_key(k) for k in sample])
+                counts_read = {k: unpackb(v) for k, v in zip(sample, values, strict=True)
+                               if v is not None}
+            finally:
+                db.close()
+        ok, detail = check_counts(counts_read, Counter(k for k in keys[:fed] if k in set(sample)))
+        return RunResult(fed, seconds, fed < n_records, ok, detail,
+                         {"read_seconds": read_seconds, "write_seconds": write_seconds})
+    return run
+
+
 def rocksdb_cache_table(bench: Bench, arm: Callable[..., Callable[[float], RunResult]], *,
-                        records: int, repeats: int, max_seconds: float) -> dict[str, Any]:
+                        records: int, repeats: int, max_seconds: float,
+                        options: ast.RocksDBOptions) -> dict[str, Any]:
     """`bench.py rocksdb --cache-keys 100,1000,1000000`: per number of keys, the heap, RocksDB
     and RocksDB behind the state cache, in one run; the cache arms' goal is a ratio to the
     heap at the same number of keys."""
@@ -935,6 +1005,7 @@ def rocksdb_cache_table(bench: Bench, arm: Callable[..., Callable[[float], RunRe
     counts = args.cache_keys
     arms: dict[str, Callable[[float], RunResult]] = {}
     labels: dict[int, tuple[str, str, str, str]] = {}
+    floors: dict[int, tuple[str, str]] = {}
     for n_keys in counts:
         n_records = max(records, n_keys)
         keys = overhead_keys(n_records, n_keys, seed=args.seed)
@@ -949,6 +1020,11 @@ def rocksdb_cache_table(bench: Bench, arm: Callable[..., Callable[[float], RunRe
                            cache_entries=cache_entries_for(n_keys))
         arms[back] = arm(ROCKSDB_BATCH_SIZE, on_rocksdb=True, keys=keys, choose=choose,
                          cache_entries=cache_entries_for(n_keys), cache_write_back=True)
+        floors[n_keys] = (f"rocksdict alone, {n_keys:,} keys",
+                          f"heap via batches, {n_keys:,} keys")
+        arms[floors[n_keys][0]] = rocksdict_floor_arm(bench, keys, choose, options)
+        arms[floors[n_keys][1]] = arm(ROCKSDB_BATCH_SIZE, on_rocksdb=False, batched_heap=True,
+                                      keys=keys, choose=choose)
     bench.console.print(f"[bold]rocksdb, state cache[/]: keyed counter, {records:,} records "
                         f"(or one per key) over {', '.join(f'{n:,}' for n in counts)} keys, "
                         f"batch {ROCKSDB_BATCH_SIZE}, max_in_flight {ROCKSDB_MAX_IN_FLIGHT:,}, "
@@ -1003,14 +1079,79 @@ def rocksdb_cache_table(bench: Bench, arm: Callable[..., Callable[[float], RunRe
                                      for r in runs[name]]}
                      for name, b in zip(names, best, strict=True)}}
     bench.console.print(table)
+    floor_json = rocksdict_floor_table(bench, runs, errors, labels, floors)
+    all_ok = all_ok and all(r.answer_ok for names in floors.values() for name in names
+                            for r in runs[name])
     print_errors(bench, errors)
-    return {"scenario": "rocksdb-cache", "ok": all_ok,
+    return {"scenario": "rocksdb-cache", "ok": all_ok, "rocksdict_alone": floor_json,
             "params": {"records": records, "keys": list(counts), "repeats": repeats,
                        "max_seconds_per_run": max_seconds, "seed": args.seed,
                        "batch_size": ROCKSDB_BATCH_SIZE,
                        "max_in_flight": ROCKSDB_MAX_IN_FLIGHT,
                        "cache_entries": {str(n): cache_entries_for(n) for n in counts}},
             "environment": bench.environment(), "arms": arms_json}
+
+
+def rocksdict_floor_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[str, str],
+                          labels: dict[int, tuple[str, str, str, str]],
+                          floors: dict[int, tuple[str, str]]) -> dict[str, Any]:
+    """What rocksdict itself allows, per number of keys: the storage work alone, and the
+    ratio to the heap that no RocksDB arm can pass. A record on RocksDB does what it does on
+    the heap (ordering, futures, the function) and its share of the WriteBatches, both on
+    the thread that runs the records, since rocksdict holds the GIL while it writes: at best
+    1 / (1 / heap rate + write seconds per record). A design must also read: on that
+    thread (the heap's work, the writes and the reads) or on others, with each request's
+    future completed later (the batched request path, measured on the heap through batches
+    at no latency, plus the writes). The better of those two bounds what any design over
+    rocksdict can reach on this machine."""
+    table = Table(title="what rocksdict allows: the storage work alone, one thread, in "
+                        "batches of 1000 records")
+    for column in ("keys", "heap rec/s", "rocksdict alone rec/s", "reads us/rec",
+                   "writes us/rec", "heap via batches rec/s", "bound: reads on the thread",
+                   "bound: batched reads", "bound", "rocksdb arms' best"):
+        table.add_column(column, justify="right")
+    out: dict[str, Any] = {}
+    for n_keys, (name, batched_name) in floors.items():
+        heap, floor, batched = (best_of(runs[labels[n_keys][0]]), best_of(runs[name]),
+                                best_of(runs[batched_name]))
+        wrong = [r for n in (name, batched_name) for r in runs[n] if not r.answer_ok]
+        crashed = name in errors or batched_name in errors
+        if heap is None or floor is None or batched is None or wrong or crashed:
+            detail = ("ERROR (traceback below)" if crashed else
+                      f"WRONG ANSWER: {wrong[0].answer_detail}" if wrong else "no figure")
+            table.add_row(f"{n_keys:,}", "-", f"[red]{detail}[/]", *("-",) * 7)
+            out[str(n_keys)] = {"error": errors.get(name) or errors.get(batched_name),
+                                "detail": detail}
+            continue
+        reads = floor.metrics["read_seconds"] / floor.records
+        writes = floor.metrics["write_seconds"] / floor.records
+        per_heap = 1 / heap.rate
+        on_thread = per_heap / (per_heap + writes + reads)
+        via_batches = per_heap / (1 / batched.rate + writes)
+        bound = max(on_thread, via_batches)
+        rocksdb_best = [b.rate / heap.rate for b in map(best_of, (runs[n] for n in
+                                                                  labels[n_keys][1:]))
+                        if b is not None]
+        table.add_row(f"{n_keys:,}", fmt_rate(heap.rate), fmt_rate(floor.rate),
+                      f"{reads * 1e6:.2f}", f"{writes * 1e6:.2f}", fmt_rate(batched.rate),
+                      _ratio_text(on_thread), _ratio_text(via_batches),
+                      _ratio_text(bound),
+                      _ratio_text(max(rocksdb_best) if rocksdb_best else None))
+        out[str(n_keys)] = {
+            "heap_records_per_s": heap.rate, "rocksdict_alone_records_per_s": floor.rate,
+            "heap_via_batches_records_per_s": batched.rate,
+            "read_us_per_record": reads * 1e6, "write_us_per_record": writes * 1e6,
+            "bound_reads_on_thread": on_thread, "bound_batched_reads": via_batches,
+            "bound": bound,
+            "runs": {n: [dataclasses.asdict(r) | {"records_per_s": r.rate} for r in runs[n]]
+                     for n in (name, batched_name)}}
+    table.caption = ("ratios to the heap. bound, reads on the thread: a record costs what it "
+                     "costs on the heap plus its share of the multi-gets and of the "
+                     "WriteBatches (rocksdict builds and applies them holding the GIL); "
+                     "batched reads: what it costs through batches on the heap plus its "
+                     "share of the WriteBatches. bound: the better of the two")
+    bench.console.print(table)
+    return out
 
 
 # -- checkpoint: snapshot, restore, rescale 2 -> 3 -------------------------------------------
@@ -1953,6 +2094,7 @@ def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[st
                       _spark_efficiency(same_cpu, False), result)
         arms_json[name] = row
     bench.console.print(table)
+    ceilings = _spark_cpu_ceilings(bench, runs, spark_rate)
     bench.console.print(
         f"goals: >= {SPARK_GOAL_VS_SPARK:g}x the faster Spark operator end to end; bridge "
         f"efficiency (per-partition processing rate / ast.run's rate on the same backend, "
@@ -1980,7 +2122,30 @@ def _spark_table(bench: Bench, runs: dict[str, list[RunResult]], errors: dict[st
             "params": {"records": n_records, "keys": n_keys, "repeats": repeats,
                        "partitions": SPARK_PARTITIONS, "master": "local[2]",
                        "cache_entries": spark_cache_entries(n_keys)},
-            "environment": bench.environment(), "arms": arms_json}
+            "environment": bench.environment(), "arms": arms_json,
+            "cpu_ceilings": ceilings}
+
+
+def _spark_cpu_ceilings(bench: Bench, runs: dict[str, list[RunResult]],
+                        spark_rate: float | None) -> dict[str, Any]:
+    """Per backend, the end-to-end rate no bridge can pass on this machine: `ast.run`'s rows
+    per CPU second (all its threads) over a partition's rows, times the usable cores. Inside
+    Spark every row costs at least that CPU, and the JVM's share of the cores comes on top."""
+    cores = bench.environment()["cores_usable"]
+    out: dict[str, Any] = {}
+    for backend in SPARK_BACKENDS:
+        own = best_of(runs.get(f"ast.run, {backend}, partition rows", []))
+        if own is None or not own.metrics.get("cpu"):
+            continue
+        ceiling = cores * own.records / own.metrics["cpu"]
+        vs_spark = ceiling / spark_rate if spark_rate else None
+        out[backend] = {"rows_per_s": ceiling, "ratio_to_faster_spark_operator": vs_spark}
+        bench.console.print(
+            f"CPU ceiling, {backend}: {cores} cores x ast.run's "
+            f"{fmt_rate(ceiling / cores)} rows per CPU second over a partition's rows = "
+            f"{fmt_rate(ceiling)} rows/s end to end"
+            + (f", {vs_spark:.1f}x the faster Spark operator" if vs_spark else ""))
+    return out
 
 
 # -- ttl: keyed counter with state TTL on vs off --------------------------------------------
