@@ -28,7 +28,7 @@ from asyncstate.operator.keyed import KeyedOperator
 from asyncstate.operator.progress import MAX_WATERMARK
 from asyncstate.serde import canonical_key, key_group_of_bytes
 
-__all__ = ["new_event_loop", "run"]
+__all__ = ["feed", "new_event_loop", "run"]
 
 BackendFactory = Callable[[int], StateExecutor]
 
@@ -98,7 +98,7 @@ async def _run(operators: list[KeyedOperator], records: Iterable[Any],
             await operator.__aenter__()
             entered.append(operator)
         if len(operators) == 1:
-            await _feed_one(operators[0], records)
+            await feed(operators[0], records)
         else:
             await _feed_routed(operators, records, key_selector)
         await _settle(operators)
@@ -135,7 +135,9 @@ async def _settle(operators: list[KeyedOperator]) -> None:
         await operator.drain()
 
 
-async def _feed_one(operator: KeyedOperator, records: Iterable[Any]) -> None:
+async def feed(operator: KeyedOperator, records: Iterable[Any]) -> None:
+    """Admit `records` into `operator` (open) in order, as `process(record)` would each,
+    in one compiled loop: `ast.run`'s input, and each chunk of a Spark partition's."""
     controller = operator.controller
     prepare = operator.records.prepare
     gate = operator.admission

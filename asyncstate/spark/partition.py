@@ -38,6 +38,7 @@ from asyncstate.config import AsyncStateConfig
 from asyncstate.function import KeyedProcessFunction
 from asyncstate.log import get_logger
 from asyncstate.operator import KeyedOperator
+from asyncstate.operator.run import feed
 from asyncstate.spark.eventtime import write_part_max
 from asyncstate.spark.failures import PartitionFailure, carry
 from asyncstate.spark.feeder import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CHUNKS, ChunkFeeder
@@ -174,7 +175,6 @@ class _Run:
                 if spec.initial_watermark is not None:
                     await op.advance_watermark(spec.initial_watermark)
                     self.publish(op.outputs())
-                process = op.process
                 while True:
                     # Waiting with nothing in flight is waiting for Spark's input; waiting
                     # with records in flight overlaps their processing.
@@ -185,8 +185,7 @@ class _Run:
                         self.phases["input_wait"] += clock() - mark
                     if chunk is None:
                         break
-                    for record in chunk:
-                        await process(record)
+                    await feed(op, chunk)
                     feeder.release()
                     self.records += len(chunk)
                     self.publish(op.outputs())
