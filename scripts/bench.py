@@ -953,6 +953,8 @@ def rocksdict_floor_arm(bench: Bench, keys: Sequence[int], choose: Callable[[int
         with tempfile.TemporaryDirectory(prefix="asyncstate-bench-rocksdict-") as tmp:
             db_options, write_options = options.to_rocksdict()
             db = rocksdict.Rdict(str(Path(tmp) / "db"), db_options)
+            cf: Any = None
+            handle: Any = None
             try:
                 cf = db.create_column_family("state:count", options.family_options(True))
                 handle = db.get_column_family_handle("state:count")
@@ -964,7 +966,7 @@ def rocksdict_floor_arm(bench: Bench, keys: Sequence[int], choose: Callable[[int
                         batch = stream[start:min(end, start + ROCKSDB_BATCH_SIZE)]
                         distinct = list(dict.fromkeys(batch))
                         t0 = clock()
-                        stored: list[bytes | None] = cf.get(distinct)  # type: ignore[arg-type,assignment]
+                        stored: list[bytes | None] = cf.get(distinct)
                         t1 = clock()
                         counts = {k: 0 if v is None else unpackb(v)
                                   for k, v in zip(distinct, stored, strict=True)}
@@ -983,13 +985,16 @@ def rocksdict_floor_arm(bench: Bench, keys: Sequence[int], choose: Callable[[int
                         break
                 seconds = clock() - started
                 sample = choose(fed)
-                values: list[bytes | None] = cf.get(  # type: ignore[assignment]
+                values: list[bytes | None] = cf.get(
                     [encoded.get(k) or storage_key(k) for k in sample])
                 counts_read = {k: unpackb(v) for k, v in zip(sample, values, strict=True)
                                if v is not None}
             finally:
+                # Column family objects keep the database's files open after close().
+                cf = handle = None
                 db.close()
-        ok, detail = check_counts(counts_read, Counter(k for k in keys[:fed] if k in set(sample)))
+        wanted = set(sample)
+        ok, detail = check_counts(counts_read, Counter(k for k in keys[:fed] if k in wanted))
         return RunResult(fed, seconds, fed < n_records, ok, detail,
                          {"read_seconds": read_seconds, "write_seconds": write_seconds})
     return run
