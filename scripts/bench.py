@@ -1154,7 +1154,9 @@ def rocksdict_floor_table(bench: Bench, runs: dict[str, list[RunResult]], errors
                      "costs on the heap plus its share of the multi-gets and of the "
                      "WriteBatches (rocksdict builds and applies them holding the GIL); "
                      "batched reads: what it costs through batches on the heap plus its "
-                     "share of the WriteBatches. bound: the better of the two")
+                     "share of the WriteBatches. bound: the better of the two, for keys that "
+                     "do not repeat (with keys that do, a write-back cache writes each key "
+                     "once per drain, not once per batch, and can pass it)")
     bench.console.print(table)
     return out
 
