@@ -137,7 +137,9 @@ async def _settle(operators: list[KeyedOperator]) -> None:
 
 async def feed(operator: KeyedOperator, records: Iterable[Any]) -> None:
     """Admit `records` into `operator` (open) in order, as `process(record)` would each,
-    in one compiled loop: `ast.run`'s input, and each chunk of a Spark partition's."""
+    in one compiled loop: `ast.run`'s input, and each chunk of a Spark partition's. Only
+    from outside the operator's records: it never admits beyond `max_in_flight`, so called
+    from inside a record it could wait for that record itself."""
     controller = operator.controller
     prepare = operator.records.prepare
     gate = operator.admission
