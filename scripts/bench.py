@@ -694,9 +694,9 @@ ROCKSDB_WRITE_BUFFER_BYTES = 4 * 2**20
 ROCKSDB_BATCH_SIZE = 1000
 # Records in flight: one full batch per I/O thread. A multi-get of 1,000 keys takes ~1-2 ms
 # here, so that keeps both I/O threads and the loop busy; records beyond it only wait
-# longer, and their objects go cold in the CPU caches meanwhile (docs/concepts.md, "Sizing
-# max_in_flight"). The config's default, 6,000, is sized for a remote store; run it here
-# with `--max-in-flight 6000`.
+# longer, and their objects go cold in the CPU caches meanwhile (docs/concepts.md, "Pacing
+# by the store"). With the config's default, 6,000, the operator's pacing admits up to
+# (io_parallelism + 1) * batch_size records' requests; run it here with `--max-in-flight 6000`.
 ROCKSDB_MAX_IN_FLIGHT = ROCKSDB_IO_PARALLELISM * ROCKSDB_BATCH_SIZE
 PROBE_PRESENT = 20_000  # keys read back after a run: among the keys fed ...
 PROBE_ABSENT = 1_000  # ... and keys no record had (they must hold no state)

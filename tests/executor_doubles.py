@@ -173,3 +173,35 @@ def issue(aec: ast.AsyncExecutionController, state: FakeState, key: Any,
     fut = aec.handle_request(state, rtype, payload)
     aec.set_current_context(None)
     return fut
+
+
+class HeldStore(ReorderingInner):
+    """An executor that applies each batch when given and delivers it only when told (in any
+    order): a store whose calls finish when the test says. It declares no I/O slots, so the
+    operator does not pace admission by it. `held_peak`: the most requests held at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_peak = 0
+
+    def held(self) -> int:
+        """Requests given and not yet delivered."""
+        return sum(len(batch) for batch, _, _ in self.pending)
+
+    def _held(self, batch: list[StateRequest], results: Any, error: Any) -> None:
+        super()._held(batch, results, error)
+        self.held_peak = max(self.held_peak, self.held())
+
+
+class PacedHeldStore(HeldStore):
+    """A `HeldStore` whose store works on `slots` batches at once (a `PacedExecutor`)."""
+
+    def __init__(self, slots: Any) -> None:
+        super().__init__()
+        self.slots = slots
+
+    def io_slots(self) -> Any:
+        return self.slots
+
+    def fully_loaded(self) -> bool:
+        return len(self.pending) >= self.slots

@@ -38,6 +38,10 @@ checks once when it opens (`BackendCapabilities.of`), never by probing attribute
 - `CachingBackend`: may keep a `StateCache` (`asyncstate.backends.cache`) in front of its
   storage; a controller talking to it directly lets the cache answer at issue time, and a
   restore empties every cache on the way to the backend holding the state.
+- `PacedExecutor`: its store works on `io_slots()` batches at once. An operator admits new
+  records only while fewer requests than those slots' full batches plus one more are in
+  the executor, waiting to be sent, or about to come from records admitted and not yet
+  started: records beyond that would only wait, and cost CPU caches meanwhile.
 
 `fully_loaded()` tells the controller that every I/O slot is busy: while it is True, partial
 batches are kept back (they grow) instead of being sent early for a waiter; full batches are
@@ -75,6 +79,7 @@ __all__ = [
     "GroupedSnapshotBackend",
     "ImmediateExecutor",
     "ImmediateOp",
+    "PacedExecutor",
     "RestorableBackend",
     "SnapshotBackend",
     "StateExecutor",
@@ -248,6 +253,15 @@ class CachingBackend(Protocol):
     @property
     def state_cache(self) -> StateCache | None:
         """The cache, or None when this backend runs without one."""
+
+
+@runtime_checkable
+class PacedExecutor(Protocol):
+    """An executor whose store works on a fixed number of batches at once (see the module
+    docstring): the operator paces admission by it."""
+
+    def io_slots(self) -> int:
+        """How many batches the store works on at once (>= 1)."""
 
 
 _SNAPSHOT_METHODS = ("registered_states", "register_state", "snapshot_key_group",

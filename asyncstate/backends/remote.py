@@ -261,6 +261,10 @@ class SimulatedRemoteBackend:
     def fully_loaded(self) -> bool:
         return self._calls_in_progress >= self.io_parallelism
 
+    def io_slots(self) -> int:
+        """Calls under way at once: `io_parallelism` (the operator paces admission by it)."""
+        return self.io_parallelism
+
     @property
     def calls(self) -> int:
         """Remote calls started so far (cache hits make none)."""

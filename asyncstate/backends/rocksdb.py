@@ -511,6 +511,11 @@ class RocksDBBackend:
         """True while every I/O slot has a batch's multi-get waiting or running."""
         return self._reading >= self._io_parallelism
 
+    def io_slots(self) -> int:
+        """Batches whose multi-gets run at once: `io_parallelism` (the operator paces
+        admission by it)."""
+        return self._io_parallelism
+
     def close(self) -> None:
         """Wait for running multi-gets, abandon pending batches and release the directory.
         Calling it again does nothing once it has completed. If it was interrupted (say, by

@@ -1,9 +1,11 @@
 """AdmissionGate: back-pressure in front of the inbox.
 
 A record is admitted while fewer than `max_in_flight` records are waiting in the inbox or in
-flight, and while no snapshot holds the gate; otherwise the producer waits. `process()` and
-`run()` pass every record through the same gate. The gate counts what it admitted, the peak
-of records waiting or in flight, and the time producers waited.
+flight, while the store is not backlogged (a `PacedExecutor` whose I/O slots have their full
+batches and one more: `AsyncExecutionController.store_backlogged`), and while no snapshot
+holds the gate; otherwise the producer waits. `process()` and `run()` pass every record
+through the same gate. The gate counts what it admitted, the peak of records waiting or in
+flight, and the time producers waited.
 """
 
 from __future__ import annotations
@@ -73,8 +75,7 @@ class AdmissionGate:
 
     def try_admit(self, ctx: RecordContext) -> bool:
         """Admit `ctx` now if there is room; False (nothing done) otherwise."""
-        if self._holds or self._inbox.queued + self._controller.in_flight_record_num \
-                >= self._limit:
+        if self._holds or not self._has_room():
             return False
         self._admit(ctx)
         return True
@@ -107,7 +108,10 @@ class AdmissionGate:
             self._admit(ctx)
 
     def _has_room(self) -> bool:
-        return self._inbox.queued + self._controller.in_flight_record_num < self._limit
+        queued = self._inbox.queued
+        controller = self._controller
+        return queued + controller.in_flight_record_num < self._limit \
+            and not controller.store_backlogged(queued)
 
     def _admit(self, ctx: RecordContext) -> None:
         self.records_in += 1

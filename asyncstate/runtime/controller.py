@@ -36,6 +36,7 @@ from asyncstate.backends.base import (
     CachingBackend,
     ExecutorBinding,
     ImmediateExecutor,
+    PacedExecutor,
     StateExecutor,
 )
 from asyncstate.backends.cache import BUFFERED, MISS, StateCache
@@ -132,6 +133,14 @@ class AsyncExecutionController:
             cache.serve_at_issue()
         self._cache: StateCache | None = cache
         self._buffered_writes = 0
+        # Pacing (checked once): the store's I/O slots' full batches plus one more, in
+        # requests; 0 when the executor declares no slots (`store_backlogged`).
+        slots = 0
+        if immediate is None and isinstance(executor, PacedExecutor):
+            io_slots: Callable[[], object] = executor.io_slots  # any object: checked here
+            slots = check_int("io_slots", io_slots(), 1)
+        self._pace_limit = (slots + 1) * self.batch_size if slots else 0
+        self._requests_in_executor = 0
         self._buffer = StateRequestBuffer(timeout_ms, self._on_buffer_timeout,
                                           timeout_scheduler)
         self._kau = KeyAccountingUnit()
@@ -491,6 +500,7 @@ class AsyncExecutionController:
         buffer.advance_seq()
         self.batches += 1
         self.batches_in_executor += 1
+        self._requests_in_executor += len(batch)
         self._in_executor[id(batch)] = batch
         if len(batch) > self.max_batch_size:
             self.max_batch_size = len(batch)
@@ -500,10 +510,21 @@ class AsyncExecutionController:
         except Exception as exc:  # noqa: BLE001 - a broken executor fails the run
             self._fail_batch(batch, exc)
 
+    def store_backlogged(self, incoming: int) -> bool:
+        """True while a `PacedExecutor`'s store has enough to do: the requests in the
+        executor and waiting to be sent, plus `incoming` (records admitted and not yet
+        started, one request each), fill its I/O slots with full batches and one more.
+        Records admitted beyond that would wait for a slot (their objects going cold in the
+        CPU caches meanwhile) and add no throughput. Always False for other executors."""
+        limit = self._pace_limit
+        return limit > 0 and (self._requests_in_executor + self._buffer.active_size
+                              + incoming >= limit)
+
     def _fail_batch(self, batch: list[StateRequest], exc: BaseException) -> None:
         """Fail the run with `exc` and every request of `batch` with it."""
         if self._in_executor.pop(id(batch), None) is not None:
             self.batches_in_executor -= 1
+            self._requests_in_executor -= len(batch)
         self.batch_stats.dropped(batch)
         self.fail(exc)
         for request in batch:
@@ -549,6 +570,7 @@ class AsyncExecutionController:
             return
         del self._in_executor[id(batch)]
         self.batches_in_executor -= 1
+        self._requests_in_executor -= len(batch)
         self.batch_stats.delivered(batch)
         escaped: BaseException | None = None
         for i in range(len(batch)):  # compiled: index loop (lengths checked above)
@@ -764,6 +786,7 @@ class AsyncExecutionController:
         for batch in self._in_executor.values():
             requests.extend(batch)
         self._in_executor.clear()
+        self._requests_in_executor = 0
         self.batch_stats.clear()
         for parked in self._parked.values():
             requests.extend(parked)

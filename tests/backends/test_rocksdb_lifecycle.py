@@ -385,7 +385,9 @@ async def test_body_error_with_pool_reads_queued_releases_directory_and_threads(
                 await op.process(k)
             await op.drain()  # 20 keys at 1 each
             occupy_pool(backend, release_after=0.3)
-            for k in range(50):
+            # Fewer records than the pacing admits at once (io_slots() + 1 batches of 5
+            # requests), so that none waits for the held pool to be admitted.
+            for k in range(10):
                 await op.process(k)
             # batches are planned; their multi-gets wait for the held pool
             assert await wait_for_condition(lambda: backend._reading > 0)
@@ -401,10 +403,11 @@ async def test_body_error_with_pool_reads_queued_releases_directory_and_threads(
 
 
 async def feed_with_the_pool_held(op: ast.KeyedOperator, backend: RocksDBBackend) -> None:
-    """Hold the backend's pool for 0.3 s and feed 40 counter records meanwhile: their reads
-    queue behind the held pool."""
+    """Hold the backend's pool for 0.3 s and feed 8 counter records meanwhile (batches of 4):
+    their reads queue behind the held pool. Fewer than the pacing admits at once (io_slots()
+    + 1 batches of 4 requests, 12): more would wait for the held pool to be admitted."""
     occupy_pool(backend, release_after=0.3)
-    for k in range(40):
+    for k in range(8):
         await op.process(k)
 
 
@@ -507,7 +510,7 @@ def test_close_after_the_loop_closed_with_reads_still_queued(tmp_path):
                                                            gc_threshold=None))
         await op.__aenter__()
         gates.append(occupy_pool(backend, release_after=30))
-        for k in range(20):
+        for k in range(8):  # fewer than the pacing admits at once: 2 + 1 batches of 4
             await op.process(k)
         assert await wait_for_condition(lambda: backend._reading > 0)
 
