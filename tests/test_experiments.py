@@ -106,6 +106,19 @@ def test_an_open_loop_beyond_capacity_is_not_sustainable_and_counts_the_source_w
     assert result.littles_law_ok
 
 
+def test_a_closed_loop_paced_by_the_store_counts_the_wait_as_blocked():
+    # One I/O slot, batches of 4: the operator admits while fewer than 8 requests are at
+    # the store or on their way, far below max_in_flight. The source waits for that room
+    # itself, so the wait is blocked time and each record's latency starts at admission.
+    point = Point(latency_ms=1.0, max_in_flight=1000, batch_size=4, io_parallelism=1,
+                  keys=500)
+    stream = keys.key_stream("uniform", 500, 20_000, seed=1)
+    result = run(ARMS["asyncstate"], point, stream, 1 / 500, seconds=0.3, sample_every=1)
+    assert result.answer_ok is True and result.littles_law_ok
+    assert result.in_flight_peak <= 16
+    assert result.blocked_seconds > 0.2
+
+
 def test_a_modest_open_loop_rate_is_sustainable():
     point = Point(rate=300.0, latency_ms=0.2, max_in_flight=100, buffer_timeout_ms=1,
                   keys=500)

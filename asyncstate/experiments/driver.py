@@ -151,11 +151,10 @@ def _rss_mb() -> float:
 class _Feed:
     """The source: feeds records to an open operator until a deadline."""
 
-    def __init__(self, op: ast.KeyedOperator, keys: Sequence[int], limit: int,
-                 sample_every: int, progress: Progress | None) -> None:
+    def __init__(self, op: ast.KeyedOperator, keys: Sequence[int], sample_every: int,
+                 progress: Progress | None) -> None:
         self.op = op
         self.keys = keys
-        self.limit = limit
         self.every = sample_every
         self.progress = progress
         self.fed = 0
@@ -165,11 +164,10 @@ class _Feed:
         self.started = 0.0
         self.waited = 0.0  # open loop: seconds records waited in the source, summed
         self.rss_peak = _rss_mb()
-        self._gate = op.admission
+        # Room as the operator's gate sees it (max_in_flight and the store's pacing), so
+        # that `process` admits at once and a sampled record's latency starts at admission.
+        self._has_room = op.admission.has_room
         self._controller = op.controller
-
-    def _has_room(self) -> bool:
-        return bool(self._gate.in_flight < self.limit)
 
     async def _room(self) -> None:
         began = time.perf_counter()
@@ -268,7 +266,7 @@ async def _run(arm: Arm, point: Point, keys: Sequence[int], hottest_share: float
     detail = f"not checked: the drain was cut short after {drain_limit:g} s"
     try:
         async with op:
-            feed = _Feed(op, keys, config.max_in_flight, every, progress)
+            feed = _Feed(op, keys, every, progress)
             occupancy = op.measure_occupancy()
             now = time.perf_counter()
             deadline = now + seconds

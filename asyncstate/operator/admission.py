@@ -75,7 +75,7 @@ class AdmissionGate:
 
     def try_admit(self, ctx: RecordContext) -> bool:
         """Admit `ctx` now if there is room; False (nothing done) otherwise."""
-        if self._holds or not self._has_room():
+        if self._holds or not self.has_room():
             return False
         self._admit(ctx)
         return True
@@ -95,7 +95,7 @@ class AdmissionGate:
                 if self._holds:
                     await self._wait_released()
                 else:
-                    await self._controller.wait_until(self._has_room)
+                    await self._controller.wait_until(self.has_room)
                 # The operator may no longer take records (it failed, closed, or its clean
                 # exit began while this producer waited).
                 self._ready()
@@ -107,7 +107,9 @@ class AdmissionGate:
         if overdraft:
             self._admit(ctx)
 
-    def _has_room(self) -> bool:
+    def has_room(self) -> bool:
+        """True while a record would be admitted now, snapshots aside: fewer than the limit
+        waiting or in flight, and the store not backlogged."""
         queued = self._inbox.queued
         controller = self._controller
         return queued + controller.in_flight_record_num < self._limit \
