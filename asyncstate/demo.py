@@ -244,17 +244,19 @@ def _explain(runs: list[BackendRun]) -> list[str]:
     peaks = ", ".join(f"{r.metrics['in_flight_peak']:,} on {r.name}" for r in runs)
     lines.append(_para("in_flight_peak", f"the most records admitted and not yet finished at "
                                          f"once ({peaks}; the limit, max_in_flight, is "
-                                         f"{DEFAULT_MAX_IN_FLIGHT:,}). Records of different "
-                                         "users overlap; two records of one user never do "
-                                         "(below)."))
+                                         f"{DEFAULT_MAX_IN_FLIGHT:,}, and a store with I/O "
+                                         "slots admits only as many records as keep them "
+                                         "busy). Records of different users overlap; two "
+                                         "records of one user never do (below)."))
     blocked = ", ".join(f"{r.metrics['blocked_seconds']:.3f} s of {r.seconds:.2f} s on "
                         f"{r.name}" for r in runs)
     lines.append(_para("blocked_seconds", f"how long the loop feeding clicks waited in "
-                                          f"process() for room under max_in_flight "
-                                          f"({blocked}). The operator runs on that same "
-                                          "thread, so this is the time it spent working "
-                                          "through admitted records and waiting for their "
-                                          "batches: back-pressure, not a stall."))
+                                          f"process() for room: under max_in_flight, or "
+                                          f"while the store had enough to do ({blocked}). "
+                                          "The operator runs on that same thread, so this "
+                                          "is the time it spent working through admitted "
+                                          "records and waiting for their batches: "
+                                          "back-pressure, not a stall."))
     return lines
 
 

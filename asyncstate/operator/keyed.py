@@ -258,7 +258,8 @@ class KeyedOperator:
     # -- records ---------------------------------------------------------------------------
 
     async def process(self, record: Any) -> None:
-        """Admit one record, waiting while `max_in_flight` records are in flight.
+        """Admit one record, waiting while `max_in_flight` records are in flight, or while
+        a store with I/O slots has its slots' full batches and one more to work on.
 
         Returns once the record is admitted, not once it is processed. Called from inside
         one of this operator's records, it admits at once, even beyond `max_in_flight`:

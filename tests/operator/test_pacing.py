@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from shared_functions import Counter, cfg, let_loop_run, op_of, run_on_loop, with_tag
 
 import asyncstate as ast
+from asyncstate.backends.base import PacedExecutor
 from asyncstate.errors import ConfigError
 
 
@@ -133,3 +134,12 @@ def test_paced_runs_match_the_sequential_model(slots, batch_size, max_in_flight,
     assert got == expected
     if len(set(keys)) == len(keys):
         assert held_peak <= (slots + 1) * batch_size
+
+
+def test_the_batched_backends_declare_their_io_parallelism_as_slots(tmp_path):
+    with ast.RocksDBBackend(tmp_path / "db", io_parallelism=3) as rocks:
+        assert isinstance(rocks, PacedExecutor) and rocks.io_slots() == 3
+    remote = ast.SimulatedRemoteBackend(ast.HeapBackend(), latency_ms=0, io_parallelism=4)
+    assert isinstance(remote, PacedExecutor) and remote.io_slots() == 4
+    remote.close()
+    assert not isinstance(ast.HeapBackend(), PacedExecutor)  # completes requests at issue
