@@ -522,9 +522,8 @@ class AsyncExecutionController:
 
     def _fail_batch(self, batch: list[StateRequest], exc: BaseException) -> None:
         """Fail the run with `exc` and every request of `batch` with it."""
-        if self._in_executor.pop(id(batch), None) is not None:
-            self.batches_in_executor -= 1
-            self._requests_in_executor -= len(batch)
+        if id(batch) in self._in_executor:
+            self._left_executor(batch)
         self.batch_stats.dropped(batch)
         self.fail(exc)
         for request in batch:
@@ -534,6 +533,12 @@ class AsyncExecutionController:
             if not fut.done():
                 fut._observed = True
                 fut._fail(exc)
+
+    def _left_executor(self, batch: list[StateRequest]) -> None:
+        """`batch`, under way, is no longer: delivered, or failed."""
+        del self._in_executor[id(batch)]
+        self.batches_in_executor -= 1
+        self._requests_in_executor -= len(batch)
 
     def _flush(self) -> None:
         # Send what waits, but while every I/O slot is busy keep a partial batch back: it
@@ -568,9 +573,7 @@ class AsyncExecutionController:
             self._fail_batch(batch, InvalidStateError(
                 f"executor delivered {len(results)} results for a batch of {len(batch)}"))
             return
-        del self._in_executor[id(batch)]
-        self.batches_in_executor -= 1
-        self._requests_in_executor -= len(batch)
+        self._left_executor(batch)
         self.batch_stats.delivered(batch)
         escaped: BaseException | None = None
         for i in range(len(batch)):  # compiled: index loop (lengths checked above)
